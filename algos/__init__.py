@@ -1,0 +1,1 @@
+"""Pure-PyTorch algorithms (no Ray): networks, replay, normalisation, SAC, world models, diffusion, RL for LLMs."""

@@ -1,0 +1,424 @@
+"""The shared actor pool: long-lived sampler workers that every job on the cluster attaches to by name.
+
+Shape (one per cluster, in the ``orrery`` namespace, all detached so they outlive the driver that made them):
+
+    PoolManager "<name>"            async actor, 0 CPUs: registry of sampler factories, weights by version,
+        │                           load balancing, retries, Ray metrics; streams results back as they finish
+        ├── PoolWorker "<name>-worker-0"   hosts samplers built from registered factories ("module:callable")
+        └── PoolWorker "<name>-worker-1"   ... each with its own ``num_cpus`` / fractional ``num_gpus``
+
+A sampler is any object built as ``factory(config: dict)`` with ``sample(request: dict) -> Any`` and, if it uses
+weights, ``load_weights(weights, version: int)``. Samplers are cached per (factory, config) in each worker, so
+stateful samplers (vectorised envs mid-episode) keep their state between requests; ``affinity`` pins requests of
+one shard to one worker while it lives.
+
+Weights are published once per version: the manager re-puts them so it owns the object (a driver may exit), and
+requests carry only ``(key, version, [ObjectRef])``; a worker fetches a version at most once.
+
+A worker that dies mid-request is restarted (by Ray, or re-created by the manager when killed for good) and the
+request is re-run on whichever worker is free next: each request yields exactly one result; ``retries`` and
+``restarts`` are counted and exported.
+"""
+from __future__ import annotations
+
+import asyncio
+import importlib
+import json
+import logging
+import os
+import time
+from collections import defaultdict
+from dataclasses import asdict, dataclass
+from typing import Any, Callable, Iterator, Sequence
+
+import ray
+from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError
+
+from cluster.connect import NAMESPACE
+from cluster.samplers import BUILTIN_SAMPLERS
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class PoolConfig:
+    name: str = "orrery-pool"
+    num_workers: int = 2
+    num_cpus: float = 0.5  # fractional by default: on 2 cores the pool must leave room for learners and trials
+    num_gpus: float = 0.0
+    slots_per_worker: int = 1  # concurrent requests per worker (>1 only for samplers that release the GIL)
+    torch_threads: int = 1
+    revive_timeout_s: float = 60.0
+
+    def __post_init__(self) -> None:
+        if self.num_workers < 1:
+            raise ValueError(f"pool.num_workers: must be >= 1, got {self.num_workers}")
+        if self.num_cpus < 0 or self.num_gpus < 0:
+            raise ValueError(f"pool.num_cpus/num_gpus: must be >= 0, got {self.num_cpus}/{self.num_gpus}")
+        if self.num_gpus > 1 and self.num_gpus != int(self.num_gpus):
+            raise ValueError(f"pool.num_gpus: fractions must fit one GPU (<= 1) or be whole, got {self.num_gpus}")
+        if self.slots_per_worker < 1:
+            raise ValueError(f"pool.slots_per_worker: must be >= 1, got {self.slots_per_worker}")
+
+
+class SamplerError(RuntimeError):
+    """A sampler raised: a bug or bad request, not a dead worker, so the request is not retried."""
+
+
+def _import(path: str) -> Callable[..., Any]:
+    module, _, attr = path.partition(":")
+    if not attr:
+        raise ValueError(f"sampler factory must look like 'package.module:callable', got {path!r}")
+    return getattr(importlib.import_module(module), attr)
+
+
+def _config_key(factory: str, config: dict) -> str:
+    return factory + json.dumps(config, sort_keys=True, default=str)
+
+
+@ray.remote(max_restarts=-1, max_task_retries=0)
+class PoolWorker:
+    """Hosts samplers; caches the latest weights of each key."""
+
+    def __init__(self, index: int, torch_threads: int) -> None:
+        self.index = index
+        self.torch_threads = torch_threads
+        self.samplers: dict[str, Any] = {}
+        self.loaded: dict[str, tuple[str, int]] = {}  # sampler key -> (weights key, version) it holds
+        self.weights: dict[str, tuple[int, Any]] = {}
+        self.weight_fetches = 0
+        self.requests = 0
+        os.environ.setdefault("OMP_NUM_THREADS", str(torch_threads))
+
+    def ping(self) -> int:
+        return os.getpid()
+
+    def stats(self) -> dict[str, Any]:
+        return {"index": self.index, "pid": os.getpid(), "requests": self.requests,
+                "resources": ray.get_runtime_context().get_assigned_resources(),
+                "weight_fetches": self.weight_fetches, "samplers": len(self.samplers),
+                "cached_weights": {k: v for k, (v, _) in self.weights.items()}}
+
+    def _sampler(self, factory: str, config: dict) -> tuple[str, Any]:
+        key = _config_key(factory, config)
+        if key not in self.samplers:
+            _limit_torch_threads(self.torch_threads)
+            self.samplers[key] = _import(factory)(config)
+        return key, self.samplers[key]
+
+    def _weights(self, key: str, version: int, boxed: list) -> Any:
+        cached = self.weights.get(key)
+        if cached is None or cached[0] != version:
+            self.weights[key] = (version, ray.get(boxed[0]))
+            self.weight_fetches += 1
+        return self.weights[key][1]
+
+    def run(self, factory: str, config: dict, request: dict, weights: tuple | None) -> tuple[Any, int, float]:
+        start = time.perf_counter()
+        self.requests += 1
+        try:
+            skey, sampler = self._sampler(factory, config)
+            if weights is not None:
+                wkey, version, boxed = weights
+                if self.loaded.get(skey) != (wkey, version):
+                    sampler.load_weights(self._weights(wkey, version, boxed), version)
+                    self.loaded[skey] = (wkey, version)
+            result = sampler.sample(request)
+        except Exception as err:  # noqa: BLE001 - reported to the caller with the sampler's own traceback
+            import traceback
+            raise SamplerError(f"sampler {factory} failed on worker {self.index}: {err!r}\n"
+                               f"{traceback.format_exc()}") from None
+        n = result.get("num_samples", 1) if isinstance(result, dict) else 1
+        return result, int(n), time.perf_counter() - start
+
+
+def _limit_torch_threads(n: int) -> None:
+    try:
+        import torch
+        torch.set_num_threads(n)
+    except ImportError:
+        pass
+
+
+@ray.remote(num_cpus=0, max_restarts=-1, max_task_retries=0, max_concurrency=10_000)
+class PoolManager:
+    """Single controller of the pool (async actor: many callers, many in-flight requests)."""
+
+    def __init__(self, cfg: dict) -> None:
+        self.cfg = PoolConfig(**cfg)
+        self.factories: dict[str, str] = dict(BUILTIN_SAMPLERS)
+        self.published: dict[str, tuple[int, ray.ObjectRef]] = {}
+        self.workers: list[Any] = [self._make_worker(i) for i in range(self.cfg.num_workers)]
+        self.alive = [True] * self.cfg.num_workers
+        self.inflight = [0] * self.cfg.num_workers
+        self.cond: asyncio.Condition | None = None
+        self.counts: dict[str, Any] = {"requests": 0, "samples": 0, "retries": 0, "restarts": 0, "queued": 0}
+        self.per_sampler: dict[str, dict[str, float]] = defaultdict(
+            lambda: {"requests": 0, "samples": 0, "busy_s": 0.0})
+        self.started = time.time()
+        self.window: list[tuple[float, int]] = []
+        self._metrics()
+
+    # -- setup ---------------------------------------------------------------------------------------------------
+    def _make_worker(self, i: int) -> Any:
+        opts: dict[str, Any] = dict(name=f"{self.cfg.name}-worker-{i}", namespace=NAMESPACE, lifetime="detached",
+                                    get_if_exists=True, num_cpus=self.cfg.num_cpus)
+        if self.cfg.num_gpus:
+            opts["num_gpus"] = self.cfg.num_gpus
+        return PoolWorker.options(**opts).remote(i, self.cfg.torch_threads)
+
+    def _metrics(self) -> None:
+        from ray.util import metrics
+        tags = ("pool",)
+        self.m_requests = metrics.Counter("orrery_pool_requests", "requests served", tag_keys=tags + ("sampler",))
+        self.m_samples = metrics.Counter("orrery_pool_samples", "samples produced", tag_keys=tags + ("sampler",))
+        self.m_retries = metrics.Counter("orrery_pool_retries", "requests re-run after a worker died", tag_keys=tags)
+        self.m_restarts = metrics.Counter("orrery_pool_restarts", "workers restarted or replaced", tag_keys=tags)
+        self.m_queue = metrics.Gauge("orrery_pool_queue_depth", "requests waiting for a worker", tag_keys=tags)
+        self.m_rate = metrics.Gauge("orrery_pool_samples_per_second", "samples/s over the last 30 s", tag_keys=tags)
+        self.m_version = metrics.Gauge("orrery_pool_weights_version", "latest published version",
+                                       tag_keys=tags + ("key",))
+        self.m_latency = metrics.Histogram("orrery_pool_request_seconds", "request latency",
+                                           boundaries=[0.001, 0.01, 0.05, 0.1, 0.5, 1, 5, 30, 120],
+                                           tag_keys=tags + ("sampler",))
+        self.tags = {"pool": self.cfg.name}
+
+    async def ready(self) -> dict:
+        await asyncio.gather(*[w.ping.remote() for w in self.workers])
+        return {"name": self.cfg.name, "config": asdict(self.cfg)}
+
+    async def register(self, name: str, factory: str) -> None:
+        old = self.factories.get(name)
+        if old is not None and old != factory:
+            raise ValueError(f"sampler {name!r} is already registered as {old!r}, not {factory!r}")
+        self.factories[name] = factory
+
+    async def publish(self, key: str, boxed: list) -> int:
+        obj = await boxed[0]
+        version = self.published.get(key, (0, None))[0] + 1
+        self.published[key] = (version, ray.put(obj))  # owned by the (detached) manager, not the publisher
+        self.m_version.set(version, tags={**self.tags, "key": key})
+        return version
+
+    async def version(self, key: str) -> int:
+        return self.published.get(key, (0, None))[0]
+
+    # -- scheduling ----------------------------------------------------------------------------------------------
+    def _condition(self) -> asyncio.Condition:
+        if self.cond is None:
+            self.cond = asyncio.Condition()
+        return self.cond
+
+    async def _acquire(self, preferred: int | None) -> int:
+        cond = self._condition()
+        async with cond:
+            self.counts["queued"] += 1
+            self.m_queue.set(self.counts["queued"], tags=self.tags)
+            while True:
+                n = len(self.workers)
+                pin = preferred % n if preferred is not None else None
+                candidates = [pin] if pin is not None and self.alive[pin] else range(n)
+                free = [i for i in candidates if self.alive[i] and self.inflight[i] < self.cfg.slots_per_worker]
+                if free:
+                    w = min(free, key=lambda i: self.inflight[i])
+                    self.inflight[w] += 1
+                    self.counts["queued"] -= 1
+                    self.m_queue.set(self.counts["queued"], tags=self.tags)
+                    return w
+                await cond.wait()
+
+    async def _release(self, w: int) -> None:
+        cond = self._condition()
+        async with cond:
+            self.inflight[w] -= 1
+            cond.notify_all()
+
+    async def _revive(self, w: int) -> None:
+        """Wait for Ray to restart worker ``w``; re-create it if it was killed for good."""
+        self.counts["restarts"] += 1
+        self.m_restarts.inc(1, tags=self.tags)
+        deadline = time.time() + self.cfg.revive_timeout_s
+        while time.time() < deadline:
+            try:
+                await asyncio.wait_for(self.workers[w].ping.remote(), timeout=10)
+                break
+            except ActorDiedError:
+                await asyncio.sleep(0.2)  # the name is released asynchronously
+                try:
+                    self.workers[w] = self._make_worker(w)
+                except ValueError:
+                    pass
+            except (RayActorError, ActorUnavailableError, asyncio.TimeoutError):
+                await asyncio.sleep(0.2)
+        cond = self._condition()
+        async with cond:
+            self.alive[w] = True
+            cond.notify_all()
+
+    async def _run_one(self, i: int, sampler: str, factory: str, config: dict, request: dict,
+                       weights: tuple | None, preferred: int | None) -> tuple[int, Any]:
+        while True:
+            w = await self._acquire(preferred)
+            worker = self.workers[w]
+            try:
+                result, n, seconds = await worker.run.remote(factory, config, request, weights)
+            except (RayActorError, ActorUnavailableError):
+                self.counts["retries"] += 1
+                self.m_retries.inc(1, tags=self.tags)
+                log.warning("pool worker %d died during request %d of %s: retrying elsewhere", w, i, sampler)
+                if self.alive[w]:
+                    self.alive[w] = False
+                    asyncio.get_running_loop().create_task(self._revive(w))
+                await self._release(w)
+                continue
+            except ray.exceptions.RayTaskError as err:
+                await self._release(w)
+                raise (err.cause if isinstance(err.cause, SamplerError) else SamplerError(str(err))) from None
+            except Exception:
+                await self._release(w)
+                raise
+            await self._release(w)
+            self.counts["requests"] += 1
+            self.counts["samples"] += n
+            stats = self.per_sampler[sampler]
+            stats["requests"] += 1
+            stats["samples"] += n
+            stats["busy_s"] += seconds
+            now = time.time()
+            self.window.append((now, n))
+            self.window = [(t, k) for t, k in self.window if now - t < 30]
+            span = max(now - self.window[0][0], 1.0)
+            tags = {**self.tags, "sampler": sampler}
+            self.m_requests.inc(1, tags=tags)
+            self.m_samples.inc(n, tags=tags)
+            self.m_latency.observe(seconds, tags=tags)
+            self.m_rate.set(sum(k for _, k in self.window) / span, tags=self.tags)
+            return i, result
+
+    async def run(self, sampler: str, config: dict, requests: list[dict], weights_key: str | None = None,
+                  affinity: list[int] | None = None):
+        """Streaming generator: yields ``(request_index, result)`` as each request finishes."""
+        factory = self.factories.get(sampler)
+        if factory is None:
+            raise KeyError(f"unknown sampler {sampler!r}; registered: {sorted(self.factories)}")
+        weights = None
+        if weights_key is not None:
+            if weights_key not in self.published:
+                raise KeyError(f"no weights published under {weights_key!r}; published: {sorted(self.published)}")
+            version, ref = self.published[weights_key]
+            weights = (weights_key, version, [ref])
+        tasks = [asyncio.ensure_future(self._run_one(i, sampler, factory, config, req, weights,
+                                                     None if affinity is None else affinity[i]))
+                 for i, req in enumerate(requests)]
+        try:
+            for fut in asyncio.as_completed(tasks):
+                yield await fut
+        finally:
+            for t in tasks:
+                t.cancel()
+
+    async def stats(self) -> dict[str, Any]:
+        worker_stats = []
+        for i, w in enumerate(self.workers):
+            try:
+                worker_stats.append(await asyncio.wait_for(w.stats.remote(), timeout=5))
+            except Exception as err:  # noqa: BLE001 - a dying worker must not break monitoring
+                worker_stats.append({"index": i, "error": repr(err)})
+        return {**self.counts, "name": self.cfg.name, "num_workers": len(self.workers), "alive": list(self.alive),
+                "uptime_s": time.time() - self.started, "per_sampler": {k: dict(v) for k, v in self.per_sampler.items()},
+                "weights_versions": {k: v for k, (v, _) in self.published.items()}, "workers": worker_stats,
+                "samplers": dict(self.factories), "config": asdict(self.cfg)}
+
+    async def worker_handles(self) -> list:
+        return list(self.workers)
+
+    async def shutdown_workers(self) -> None:
+        for w in self.workers:
+            ray.kill(w, no_restart=True)
+
+
+class SharedPool:
+    """Driver-side handle to the named pool; any number of drivers/jobs may hold one at once."""
+
+    def __init__(self, manager: Any, name: str) -> None:
+        self.manager = manager
+        self.name = name
+
+    @classmethod
+    def attach(cls, cfg: PoolConfig | dict | None = None, *, create: bool = True) -> "SharedPool":
+        """Attach to the pool named ``cfg.name``, creating it (and its workers) if it does not exist yet."""
+        cfg = cfg if isinstance(cfg, PoolConfig) else PoolConfig(**(cfg or {}))
+        if create:
+            manager = PoolManager.options(name=cfg.name, namespace=NAMESPACE, lifetime="detached",
+                                          get_if_exists=True).remote(asdict(cfg))
+        else:
+            manager = ray.get_actor(cfg.name, namespace=NAMESPACE)
+        info = ray.get(manager.ready.remote())
+        if create and info["config"] != asdict(cfg):
+            log.warning("pool %r already exists with %s; attaching to it as is (asked for %s)",
+                        cfg.name, info["config"], asdict(cfg))
+        return cls(manager, cfg.name)
+
+    def register(self, name: str, factory: str) -> None:
+        ray.get(self.manager.register.remote(name, factory))
+
+    def publish(self, key: str, weights: Any) -> int:
+        """Publish a new version of ``weights`` under ``key``; returns the version number (1, 2, ...)."""
+        return ray.get(self.manager.publish.remote(key, [ray.put(weights)]))
+
+    def imap(self, sampler: str, requests: Sequence[dict], *, config: dict | None = None,
+             weights: str | None = None, affinity: Sequence[int] | None = None) -> Iterator[tuple[int, Any]]:
+        """Yield ``(index, result)`` for every request, in completion order, each exactly once."""
+        if affinity is not None and len(affinity) != len(requests):
+            raise ValueError(f"affinity has {len(affinity)} entries for {len(requests)} requests")
+        gen = self.manager.run.options(num_returns="streaming").remote(
+            sampler, config or {}, list(requests), weights, None if affinity is None else list(affinity))
+        for ref in gen:
+            try:
+                yield ray.get(ref)
+            except ray.exceptions.RayTaskError as err:
+                # re-raise what went wrong (a SamplerError with the worker's traceback, an unknown sampler, ...)
+                raise (err.cause if isinstance(err.cause, Exception) else err) from None
+
+    def map(self, sampler: str, requests: Sequence[dict], **kwargs: Any) -> list[Any]:
+        """Like :meth:`imap` but returns results in request order."""
+        out: list[Any] = [None] * len(requests)
+        for i, result in self.imap(sampler, requests, **kwargs):
+            out[i] = result
+        return out
+
+    def submit(self, sampler: str, requests: Sequence[dict], **kwargs: Any) -> "PendingMap":
+        """Start a map in the background (e.g. collect step k+1 while learning on step k)."""
+        return PendingMap(self, sampler, list(requests), kwargs)
+
+    def stats(self) -> dict[str, Any]:
+        return ray.get(self.manager.stats.remote())
+
+    def workers(self) -> list:
+        return ray.get(self.manager.worker_handles.remote())
+
+    def shutdown(self) -> None:
+        """Kill the workers and the manager (other drivers attached to the pool lose it too)."""
+        try:
+            ray.get(self.manager.shutdown_workers.remote())
+        finally:
+            ray.kill(self.manager, no_restart=True)
+
+
+class PendingMap:
+    """A map running in a background thread of the driver; ``result()`` blocks and returns results in order."""
+
+    def __init__(self, pool: SharedPool, sampler: str, requests: list[dict], kwargs: dict) -> None:
+        import concurrent.futures
+        self._executor = concurrent.futures.ThreadPoolExecutor(max_workers=1)
+        self._future = self._executor.submit(pool.map, sampler, requests, **kwargs)
+        self.started = time.perf_counter()
+
+    def done(self) -> bool:
+        return self._future.done()
+
+    def result(self, timeout: float | None = None) -> list[Any]:
+        try:
+            return self._future.result(timeout)
+        finally:
+            self._executor.shutdown(wait=False)

@@ -1,0 +1,195 @@
+"""Gymnasium control tasks by short name, and a vectorised rollout that stores only real transitions.
+
+Gymnasium >= 1.0 vector envs default to next-step autoreset: the step *after* a termination is a reset step whose
+(obs, action, reward) is fake. We build vector envs with same-step autoreset instead, so every step is a real
+transition: ``next_obs`` of a finished env is its true final observation (``infos["final_obs"]``), and the reset
+observation only becomes the next ``obs``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import gymnasium as gym
+import numpy as np
+
+TASKS: dict[str, str] = {
+    "humanoid": "Humanoid-v5",
+    "pendulum": "Pendulum-v1",
+    "inverted_pendulum": "InvertedPendulum-v5",
+    "half_cheetah": "HalfCheetah-v5",
+    "walker2d": "Walker2d-v5",
+    "hopper": "Hopper-v5",
+}
+
+Policy = Callable[[np.ndarray], np.ndarray]
+
+
+def env_id(task: str) -> str:
+    """Short task name or a full gymnasium id."""
+    if task in TASKS:
+        return TASKS[task]
+    if task in gym.registry:
+        return task
+    raise ValueError(f"unknown task {task!r}: choose one of {sorted(TASKS)} or a registered gymnasium id")
+
+
+class PhysicsState(gym.Wrapper):
+    """Adds MuJoCo ``qpos``/``qvel`` to ``info`` after reset and every step (the world model trains on them)."""
+
+    def _state(self, info: dict) -> dict:
+        data = self.env.unwrapped.data
+        info["qpos"] = np.array(data.qpos, dtype=np.float64)
+        info["qvel"] = np.array(data.qvel, dtype=np.float64)
+        return info
+
+    def reset(self, **kwargs: Any):
+        obs, info = self.env.reset(**kwargs)
+        return obs, self._state(info)
+
+    def step(self, action):
+        obs, reward, terminated, truncated, info = self.env.step(action)
+        return obs, reward, terminated, truncated, self._state(info)
+
+
+def make_env(task: str, change: dict | None = None, physics_state: bool = False,
+             **kwargs: Any) -> gym.Env:
+    env = gym.make(env_id(task), **kwargs)
+    if change:
+        from envs.changes import apply_change  # stage 3 edits: friction, mass, gear, gravity, target velocity
+        env = apply_change(env, change)
+    if physics_state:
+        env = PhysicsState(env)
+    return env
+
+
+def make_vector_env(task: str, num_envs: int, change: dict | None = None, physics_state: bool = False,
+                    **kwargs: Any) -> gym.vector.SyncVectorEnv:
+    return gym.vector.SyncVectorEnv(
+        [lambda: make_env(task, change, physics_state, **kwargs) for _ in range(num_envs)],
+        autoreset_mode=gym.vector.AutoresetMode.SAME_STEP,
+    )
+
+
+def random_policy(action_space: gym.Space, seed: int) -> Policy:
+    rng = np.random.default_rng(seed)
+    low, high = action_space.low, action_space.high
+
+    def act(obs: np.ndarray) -> np.ndarray:
+        return rng.uniform(low, high, size=(obs.shape[0],) + low.shape).astype(np.float32)
+
+    return act
+
+
+@dataclass
+class EpisodeStats:
+    returns: list[float] = field(default_factory=list)
+    lengths: list[int] = field(default_factory=list)
+    terminations: int = 0  # falls: episodes that ended by termination, not by the time limit
+
+
+class VectorRollout:
+    """A batch of envs that persists between calls: ``collect(policy, steps)`` continues running episodes."""
+
+    def __init__(self, task: str, num_envs: int, seed: int, change: dict | None = None,
+                 physics_state: bool = False) -> None:
+        self.envs = make_vector_env(task, num_envs, change, physics_state)
+        self.num_envs, self.physics_state = num_envs, physics_state
+        self.obs, info = self.envs.reset(seed=seed)
+        self.envs.action_space.seed(seed)
+        self.state = self._physics(info) if physics_state else None
+        self.ep_return = np.zeros(num_envs)
+        self.ep_length = np.zeros(num_envs, dtype=np.int64)
+        self.total_steps = 0
+
+    @property
+    def single_action_space(self) -> gym.Space:
+        return self.envs.single_action_space
+
+    @property
+    def single_observation_space(self) -> gym.Space:
+        return self.envs.single_observation_space
+
+    @staticmethod
+    def _physics(info: dict) -> tuple[np.ndarray, np.ndarray]:
+        return np.asarray(info["qpos"]), np.asarray(info["qvel"])
+
+    def collect(self, policy: Policy, steps: int) -> tuple[dict[str, np.ndarray], EpisodeStats]:
+        """Run ``steps`` vectorised steps; returns ``steps * num_envs`` real transitions and finished episodes."""
+        out: dict[str, list[np.ndarray]] = {k: [] for k in ("obs", "action", "reward", "next_obs",
+                                                              "terminated", "truncated")}
+        if self.physics_state:
+            for k in ("qpos", "qvel", "next_qpos", "next_qvel"):
+                out[k] = []
+        stats = EpisodeStats()
+        for _ in range(steps):
+            action = np.asarray(policy(self.obs), dtype=np.float32)
+            next_obs, reward, terminated, truncated, info = self.envs.step(action)
+            done = terminated | truncated
+            true_next = next_obs.copy()
+            if done.any():
+                finals = info["final_obs"]
+                for i in np.flatnonzero(done):
+                    true_next[i] = finals[i]
+            out["obs"].append(self.obs)
+            out["action"].append(action)
+            out["reward"].append(reward.astype(np.float32))
+            out["next_obs"].append(true_next)
+            out["terminated"].append(terminated.astype(np.float32))
+            out["truncated"].append(truncated.astype(np.float32))
+            if self.physics_state:
+                qpos, qvel = self._physics(info)
+                next_qpos, next_qvel = qpos.copy(), qvel.copy()
+                if done.any():
+                    final_info = info["final_info"]
+                    for i in np.flatnonzero(done):
+                        next_qpos[i], next_qvel[i] = final_info["qpos"][i], final_info["qvel"][i]
+                out["qpos"].append(self.state[0])
+                out["qvel"].append(self.state[1])
+                out["next_qpos"].append(next_qpos)
+                out["next_qvel"].append(next_qvel)
+                self.state = (qpos, qvel)
+            self.ep_return += reward
+            self.ep_length += 1
+            for i in np.flatnonzero(done):
+                stats.returns.append(float(self.ep_return[i]))
+                stats.lengths.append(int(self.ep_length[i]))
+                stats.terminations += int(terminated[i])
+            self.ep_return[done] = 0.0
+            self.ep_length[done] = 0
+            self.obs = next_obs
+            self.total_steps += self.num_envs
+        batch = {k: np.concatenate(v).astype(np.float32) if k not in ("qpos", "qvel", "next_qpos", "next_qvel")
+                 else np.concatenate(v) for k, v in out.items()}
+        return batch, stats
+
+    def close(self) -> None:
+        self.envs.close()
+
+
+def evaluate(task: str, policy: Policy, episodes: int, seed: int, change: dict | None = None,
+             num_envs: int | None = None) -> EpisodeStats:
+    """Run ``episodes`` full episodes (in parallel envs) with ``policy``; returns their returns and falls."""
+    num_envs = num_envs or episodes
+    envs = make_vector_env(task, num_envs, change)
+    obs, _ = envs.reset(seed=seed)
+    stats = EpisodeStats()
+    ep_return = np.zeros(num_envs)
+    ep_length = np.zeros(num_envs, dtype=np.int64)
+    active = np.ones(num_envs, dtype=bool)  # each env contributes whole episodes until we have enough
+    while len(stats.returns) < episodes:
+        obs, reward, terminated, truncated, _ = envs.step(np.asarray(policy(obs), dtype=np.float32))
+        ep_return += reward
+        ep_length += 1
+        for i in np.flatnonzero((terminated | truncated) & active):
+            stats.returns.append(float(ep_return[i]))
+            stats.lengths.append(int(ep_length[i]))
+            stats.terminations += int(terminated[i])
+            if len(stats.returns) + active.sum() - 1 >= episodes:
+                active[i] = False
+        done = terminated | truncated
+        ep_return[done] = 0.0
+        ep_length[done] = 0
+    envs.close()
+    stats.returns = stats.returns[:episodes]
+    return stats

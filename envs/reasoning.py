@@ -1,0 +1,211 @@
+"""Verifiable multi-step reasoning task for AttnRL: step-delimited DAG arithmetic.
+
+A problem is a short program over single-letter variables, e.g. (modulus 10)::
+
+    prompt   a=7;b=5;c=a+b;d=c*b;?d\n
+    response c=a+b=7+5=2\n
+             d=c*b=2*5=0\n
+             ans=0<eos>
+
+Each response line is one reasoning step (steps end at the newline delimiter; the prompt is step 0). A line copies
+its symbolic definition from the prompt, then copies its operand *values* from the lines (or prompt inputs) that
+defined them, so a later step that consumes variable ``c`` has to look back at the line that computed ``c``. That
+makes the true influence of every step known (:func:`step_influence`), which is what the FCI scores of AttnRL are
+checked against. Difficulty is the number of computation steps. Reward is exact match of the final ``ans=`` line.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+
+OPS = {"+": lambda x, y: x + y, "-": lambda x, y: x - y, "*": lambda x, y: x * y}
+ANSWER_PREFIX = "ans="
+DELIMITER = "\n"
+VARIABLE_NAMES = "abcdefghijklmnopqrstuvwxyz"
+
+
+@dataclass(frozen=True)
+class ReasoningTaskConfig:
+    """Distribution of programs.
+
+    ``recency_bias`` is the probability that an operand is the most recently defined variable (long dependency
+    chains); otherwise it is drawn uniformly from all earlier variables (fan-out, unused distractor steps).
+    Values are written zero-padded to a fixed width so every step line has the same length.
+    """
+
+    min_steps: int = 1
+    max_steps: int = 6
+    num_inputs: int = 2
+    modulus: int = 10
+    ops: str = "+-"
+    recency_bias: float = 0.5
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.min_steps <= self.max_steps:
+            raise ValueError(f"min_steps/max_steps must satisfy 1 <= min_steps <= max_steps, got {self.min_steps}, "
+                             f"{self.max_steps}")
+        if self.num_inputs < 1:
+            raise ValueError(f"num_inputs must be >= 1, got {self.num_inputs}")
+        if self.num_inputs + self.max_steps > len(VARIABLE_NAMES):
+            raise ValueError(f"num_inputs + max_steps must be <= {len(VARIABLE_NAMES)} (one letter per variable)")
+        if self.modulus < 2:
+            raise ValueError(f"modulus must be >= 2, got {self.modulus}")
+        if not self.ops or any(op not in OPS for op in self.ops):
+            raise ValueError(f"ops must be a non-empty subset of {''.join(OPS)}, got {self.ops!r}")
+        if not 0.0 <= self.recency_bias <= 1.0:
+            raise ValueError(f"recency_bias must be in [0, 1], got {self.recency_bias}")
+
+    @property
+    def value_width(self) -> int:
+        return len(str(self.modulus - 1))
+
+
+@dataclass(frozen=True)
+class Step:
+    """One assignment ``target = left op right``."""
+
+    target: str
+    left: str
+    op: str
+    right: str
+
+
+@dataclass(frozen=True)
+class Problem:
+    inputs: tuple[tuple[str, int], ...]
+    steps: tuple[Step, ...]
+    query: str
+    modulus: int
+    value_width: int
+    values: dict[str, int] = field(compare=False, hash=False, repr=False)
+
+    @property
+    def difficulty(self) -> int:
+        return len(self.steps)
+
+    @property
+    def answer(self) -> int:
+        return self.values[self.query]
+
+    def fmt(self, value: int) -> str:
+        return str(value).zfill(self.value_width)
+
+    @property
+    def prompt(self) -> str:
+        parts = [f"{name}={self.fmt(v)}" for name, v in self.inputs]
+        parts += [f"{s.target}={s.left}{s.op}{s.right}" for s in self.steps]
+        return ";".join(parts) + f";?{self.query}" + DELIMITER
+
+    def solution_lines(self) -> list[str]:
+        """Reference response, one line per step; the last line is the answer step."""
+        lines = []
+        for s in self.steps:
+            lhs, rhs = self.fmt(self.values[s.left]), self.fmt(self.values[s.right])
+            lines.append(f"{s.target}={s.left}{s.op}{s.right}={lhs}{s.op}{rhs}={self.fmt(self.values[s.target])}")
+        lines.append(ANSWER_PREFIX + self.fmt(self.answer))
+        return lines
+
+    @property
+    def solution(self) -> str:
+        return DELIMITER.join(self.solution_lines())
+
+
+def sample_problem(cfg: ReasoningTaskConfig, rng: random.Random, difficulty: int | None = None) -> Problem:
+    """Draw one program; the query is the last computed variable, so the answer depends on the final step."""
+    num_steps = rng.randint(cfg.min_steps, cfg.max_steps) if difficulty is None else difficulty
+    if num_steps < 1 or cfg.num_inputs + num_steps > len(VARIABLE_NAMES):
+        raise ValueError(f"difficulty must be in [1, {len(VARIABLE_NAMES) - cfg.num_inputs}], got {num_steps}")
+    names = iter(VARIABLE_NAMES)
+    values: dict[str, int] = {}
+    inputs = []
+    for _ in range(cfg.num_inputs):
+        name = next(names)
+        values[name] = rng.randrange(cfg.modulus)
+        inputs.append((name, values[name]))
+    defined = [name for name, _ in inputs]
+    steps = []
+    for _ in range(num_steps):
+        def operand() -> str:
+            return defined[-1] if rng.random() < cfg.recency_bias else rng.choice(defined)
+        left, right, op, target = operand(), operand(), rng.choice(cfg.ops), next(names)
+        values[target] = OPS[op](values[left], values[right]) % cfg.modulus
+        steps.append(Step(target, left, op, right))
+        defined.append(target)
+    return Problem(tuple(inputs), tuple(steps), steps[-1].target, cfg.modulus, cfg.value_width, values)
+
+
+def reward(problem: Problem, response: str, finished: bool = True) -> float:
+    """Exact match of the final line with ``ans=<answer>``; unfinished (truncated) responses get 0."""
+    if not finished:
+        return 0.0
+    lines = response.rstrip(DELIMITER).split(DELIMITER)
+    return float(lines[-1] == ANSWER_PREFIX + problem.fmt(problem.answer))
+
+
+def step_influence(problem: Problem, transitive: bool = True) -> list[int]:
+    """Ground-truth influence of each response step: how many later response steps consume its result.
+
+    Index ``i`` is response step ``i + 1`` (index 0 of the FCI vector is the prompt). The answer line consumes the
+    query variable and has influence 0. ``transitive=True`` counts every later step that depends on it through
+    any chain; ``False`` counts direct consumers only (the steps that copy its value, i.e. attend to it).
+    """
+    targets = [s.target for s in problem.steps]
+    consumers: list[set[int]] = []  # consumers[i] = indices of later response steps that read step i's variable
+    for i, t in enumerate(targets):
+        direct = {j for j in range(i + 1, len(targets)) if t in (problem.steps[j].left, problem.steps[j].right)}
+        if t == problem.query:
+            direct.add(len(targets))  # the answer line
+        consumers.append(direct)
+    if transitive:
+        for i in reversed(range(len(targets))):
+            closure = set(consumers[i])
+            for j in consumers[i]:
+                if j < len(targets):
+                    closure |= consumers[j]
+            consumers[i] = closure
+    return [len(c) for c in consumers] + [0]
+
+
+class CharTokenizer:
+    """Character vocabulary for the task; ids 0 and 1 are padding and end-of-sequence."""
+
+    PAD, EOS = "<pad>", "<eos>"
+
+    def __init__(self, alphabet: str | None = None) -> None:
+        alphabet = alphabet or VARIABLE_NAMES + "0123456789" + "=;?" + "".join(OPS) + DELIMITER
+        self.itos = [self.PAD, self.EOS] + sorted(set(alphabet))
+        self.stoi = {s: i for i, s in enumerate(self.itos)}
+        self.pad_id, self.eos_id = 0, 1
+        self.delimiter_ids = frozenset({self.stoi[DELIMITER]})
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self.itos)
+
+    def encode(self, text: str) -> list[int]:
+        return [self.stoi[c] for c in text]
+
+    def decode(self, ids) -> str:
+        return "".join(self.itos[i] for i in ids if i > self.eos_id)
+
+
+class ReasoningTask:
+    """The task as the RL driver sees it: sample problems, encode prompts and references, score responses."""
+
+    def __init__(self, cfg: ReasoningTaskConfig | None = None) -> None:
+        self.cfg = cfg or ReasoningTaskConfig()
+        self.tokenizer = CharTokenizer()
+
+    def sample(self, rng: random.Random, n: int, difficulty: int | None = None) -> list[Problem]:
+        return [sample_problem(self.cfg, rng, difficulty) for _ in range(n)]
+
+    def reward(self, problem: Problem, response: str, finished: bool = True) -> float:
+        return reward(problem, response, finished)
+
+    def max_response_chars(self, difficulty: int | None = None) -> int:
+        """Length of the longest reference response (+1 for the end token), a safe generation cap."""
+        steps = self.cfg.max_steps if difficulty is None else difficulty
+        w = self.cfg.value_width
+        line = 5 + 1 + 2 * w + 1 + 1 + w + 1  # c=a+b = xx+yy = zz \n
+        return steps * line + len(ANSWER_PREFIX) + w + 1

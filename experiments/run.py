@@ -1,0 +1,85 @@
+"""The single entry point: ``python -m experiments.run experiment=<name> scale=smoke|paper cluster=local|remote``.
+
+Composes and validates the config (one clear line on a mistake, before Ray starts), connects to the cluster,
+attaches the shared pool, makes the run directory and hands over to the experiment's ``run(cfg, ctx)``.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from dataclasses import dataclass, field
+from typing import Any
+
+from experiments.config import ConfigError, load
+
+log = logging.getLogger("orrery")
+
+
+@dataclass
+class RunContext:
+    """What an experiment gets: its typed config sections, the run directory, the cluster and the pool."""
+
+    cfg: dict[str, Any]
+    run_dir: Any
+    cluster: dict[str, Any]
+    _pool: Any = field(default=None, repr=False)
+
+    @property
+    def typed(self) -> dict[str, Any]:
+        return self.cfg["_typed"]
+
+    @property
+    def pool(self):
+        if self._pool is None:
+            from experiments.samplers import attach_pool
+            self._pool = attach_pool(self.typed["pool"])
+        return self._pool
+
+
+def setup_process(torch_threads: int = 1, level: str = "INFO") -> None:
+    """Thread caps and logging for a driver (Ray only sets OMP_NUM_THREADS inside its workers)."""
+    os.environ.setdefault("OMP_NUM_THREADS", str(torch_threads))
+    logging.basicConfig(level=getattr(logging, level.upper(), logging.INFO),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
+    try:
+        import torch
+        torch.set_num_threads(torch_threads)
+    except ImportError:
+        pass
+
+
+def public_config(cfg: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in cfg.items() if not k.startswith("_")}
+
+
+def prepare(overrides: list[str]) -> tuple[dict[str, Any], RunContext]:
+    from cluster.connect import connect
+    from cluster.rundir import RunDir
+
+    cfg = load(overrides)
+    setup_process(cfg["torch_threads"], cfg["log_level"])
+    name = cfg["experiment"]["name"]
+    run_dir = RunDir.create(cfg["output_dir"], name, cfg["run_name"], cfg["resume"])
+    run_dir.save_config(public_config(cfg))
+    info = connect(cfg["_typed"]["cluster"])
+    if info.get("dashboard_url"):
+        print(f"Ray dashboard: {info['dashboard_url']}", file=sys.stderr, flush=True)
+    return cfg, RunContext(cfg=cfg, run_dir=run_dir, cluster=info)
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    argv = sys.argv[1:] if argv is None else argv
+    try:
+        cfg, ctx = prepare(argv)
+    except (ConfigError, FileNotFoundError) as err:
+        print(f"config error: {err}", file=sys.stderr)
+        raise SystemExit(2)
+    summary = cfg["_module"].run(cfg, ctx)
+    ctx.run_dir.write_json("summary.json", summary)
+    print(f"run directory: {ctx.run_dir.path}", flush=True)
+    return summary
+
+
+if __name__ == "__main__":
+    main()
