@@ -1,4 +1,5 @@
-"""Generic MLP builder shared by all algorithms.
+"""Generic MLP builders shared by all algorithms: a plain ``nn.Sequential`` MLP and an ensemble MLP that runs
+E independent members as one batched matmul per layer (twin critics, world-model ensembles).
 
 Initialisation follows Flax/Brax (what LIFT uses): LeCun-uniform kernels, i.e. U(-sqrt(3/fan_in), sqrt(3/fan_in)),
 and zero biases.
@@ -80,3 +81,64 @@ def mlp(
     if activate_final:
         layers.append(ACTIVATIONS[activation]())
     return nn.Sequential(*layers)
+
+
+class EnsembleLinear(nn.Module):
+    """E independent linear layers in one batched matmul: ``(B, in)`` (shared input) or ``(E, B, in)`` -> ``(E, B, out)``.
+
+    ``detach_params=True`` uses detached weights: gradients still flow to the input but never to the parameters.
+    ``fp32=True`` computes in float32 even under autocast (see ``FP32Linear``).
+    """
+
+    def __init__(self, n_members: int, in_features: int, out_features: int, fp32: bool = False):
+        super().__init__()
+        self.n_members, self.in_features, self.out_features, self.fp32 = n_members, in_features, out_features, fp32
+        bound = math.sqrt(3.0 / in_features)  # LeCun-uniform per member
+        self.weight = nn.Parameter(torch.empty(n_members, in_features, out_features).uniform_(-bound, bound))
+        self.bias = nn.Parameter(torch.zeros(n_members, 1, out_features))
+
+    def forward(self, x: torch.Tensor, detach_params: bool = False) -> torch.Tensor:
+        weight, bias = (self.weight.detach(), self.bias.detach()) if detach_params else (self.weight, self.bias)
+        if not self.fp32:
+            return torch.matmul(x, weight) + bias if x.dim() == 2 else torch.baddbmm(bias, x, weight)
+        with torch.autocast(device_type=x.device.type, enabled=False):
+            x = x.float()
+            return torch.matmul(x, weight) + bias if x.dim() == 2 else torch.baddbmm(bias, x, weight)
+
+    def extra_repr(self) -> str:
+        return f"n_members={self.n_members}, in_features={self.in_features}, out_features={self.out_features}, fp32={self.fp32}"
+
+
+class EnsembleMLP(nn.Module):
+    """``n_members`` MLPs of identical shape evaluated together; ``(B, in)`` or ``(E, B, in)`` -> ``(E, B, out)``.
+
+    Same layer layout, activation and init as ``mlp`` (no LayerNorm); one batched matmul per layer instead of
+    one matmul per layer and member, which matters when per-op overhead dominates (small nets, CPU).
+    """
+
+    def __init__(
+        self,
+        n_members: int,
+        in_dim: int,
+        hidden: Sequence[int],
+        out_dim: int,
+        activation: str = "swish",
+        *,
+        fp32_output: bool = False,
+    ):
+        super().__init__()
+        if activation not in ACTIVATIONS:
+            raise ValueError(f"activation must be one of {sorted(ACTIVATIONS)}, got {activation!r}")
+        if n_members <= 0 or in_dim <= 0 or out_dim <= 0 or any(h <= 0 for h in hidden):
+            raise ValueError(f"sizes must be positive, got members={n_members}, in={in_dim}, hidden={list(hidden)}, out={out_dim}")
+        widths = [in_dim, *hidden, out_dim]
+        self.layers = nn.ModuleList(
+            EnsembleLinear(n_members, a, b, fp32=fp32_output and i == len(widths) - 2)
+            for i, (a, b) in enumerate(zip(widths[:-1], widths[1:]))
+        )
+        self.activation = ACTIVATIONS[activation]()
+
+    def forward(self, x: torch.Tensor, detach_params: bool = False) -> torch.Tensor:
+        for layer in self.layers[:-1]:
+            x = self.activation(layer(x, detach_params))
+        return self.layers[-1](x, detach_params)

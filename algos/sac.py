@@ -20,8 +20,8 @@ Actions live in [-1, 1]^|A| (tanh squashing); wrap environments with ``gymnasium
 DDP: ``SACAgent.wrap(DistributedDataParallel)`` wraps ``actor``, ``critic`` and ``log_alpha``. In each SGD step
 every wrapped module runs exactly one grad-enabled forward: ``actor(obs)`` (its sample serves both the alpha
 and the actor loss), ``critic(obs, action)`` and ``log_alpha()``. Everything else goes through the unwrapped
-modules: the next-state policy sample under ``no_grad``, and the actor loss's ``Q(s, a~)`` through a functional
-call of the unwrapped critic with *detached* parameters, so it sends gradient only into ``a~`` (hence the
+modules: the next-state policy sample under ``no_grad``, and the actor loss's ``Q(s, a~)`` through the unwrapped
+critic with *detached* parameters (``detach_params=True``), so it sends gradient only into ``a~`` (hence the
 actor) and never touches the critic's DDP reducer. Critic and actor share one ``backward()``; the alpha
 loss has its own (its graph is disjoint). ``find_unused_parameters`` is not needed.
 """
@@ -41,9 +41,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.func import functional_call
 
-from algos.nets import ACTIVATIONS, mlp
+from algos.nets import ACTIVATIONS, EnsembleMLP, mlp
 from algos.normalizer import RunningNormalizer
 
 logger = logging.getLogger(__name__)
@@ -214,17 +213,21 @@ class Actor(nn.Module):
 
 
 class TwinCritic(nn.Module):
-    """``n_critics`` independent Q-MLPs on ``concat(normalised critic obs, action)``; output ``(..., n_critics)``."""
+    """``n_critics`` independent Q-MLPs on ``concat(normalised critic obs, action)``, run as one ensemble.
+
+    ``forward(obs, action, detach_params=False) -> (B, n_critics)``. With ``detach_params=True`` the critic is a
+    fixed function of the action: the actor loss differentiates through it without producing critic gradients.
+    """
 
     def __init__(
         self, obs_dim: int, act_dim: int, hidden: Sequence[int] = (256, 256), activation: str = "swish", n_critics: int = 2
     ):
         super().__init__()
-        self.qs = nn.ModuleList(mlp(obs_dim + act_dim, hidden, 1, activation, fp32_output=True) for _ in range(n_critics))
+        self.qs = EnsembleMLP(n_critics, obs_dim + act_dim, hidden, 1, activation, fp32_output=True)
 
-    def forward(self, obs: torch.Tensor, action: torch.Tensor) -> torch.Tensor:
+    def forward(self, obs: torch.Tensor, action: torch.Tensor, detach_params: bool = False) -> torch.Tensor:
         x = torch.cat([obs, action.to(obs.dtype)], dim=-1)
-        return torch.cat([q(x) for q in self.qs], dim=-1)
+        return self.qs(x, detach_params).squeeze(-1).transpose(0, 1)
 
 
 class LogAlpha(nn.Module):
@@ -333,9 +336,11 @@ class SACAgent:
         self.obs_normalizer = RunningNormalizer(obs_dim).to(self.device)
         self.critic_obs_normalizer = RunningNormalizer(critic_obs_dim).to(self.device) if critic_obs_dim else None
         self.target_entropy = -cfg.target_entropy_coef * act_dim
-        self.actor_opt = torch.optim.AdamW(self.actor.parameters(), lr=cfg.actor_lr, weight_decay=cfg.weight_decay)
-        self.critic_opt = torch.optim.AdamW(self.critic.parameters(), lr=cfg.critic_lr, weight_decay=cfg.weight_decay)
-        self.alpha_opt = torch.optim.AdamW(self.log_alpha.parameters(), lr=cfg.alpha_lr, weight_decay=cfg.weight_decay)
+        # Fused AdamW: one kernel per optimiser step (4x cheaper than foreach on CPU for small nets).
+        adamw = dict(weight_decay=cfg.weight_decay, fused=self.device.type in ("cpu", "cuda"))
+        self.actor_opt = torch.optim.AdamW(self.actor.parameters(), lr=cfg.actor_lr, **adamw)
+        self.critic_opt = torch.optim.AdamW(self.critic.parameters(), lr=cfg.critic_lr, **adamw)
+        self.alpha_opt = torch.optim.AdamW(self.log_alpha.parameters(), lr=cfg.alpha_lr, **adamw)
         self.num_updates = 0
         if cfg.compile:
             for module in (self.actor, self.critic, self.target_critic):
@@ -474,10 +479,9 @@ def sgd_step(agent: SACAgent, mb: Mapping[str, torch.Tensor], cfg: SACConfig) ->
     target = soft_q_target(mb["reward"], mb["terminated"], next_q, next_log_prob, alpha, cfg.gamma, cfg.reward_scale)
 
     # (3) critic and actor losses at the same parameters; the actor's Q uses detached critic weights
-    frozen_critic = {name: p.detach() for name, p in critic_core.named_parameters()}
     with amp:
         q = agent.critic(mb["critic_obs"], mb["action"])
-        q_new_action = functional_call(critic_core, frozen_critic, (mb["critic_obs"], new_action))
+        q_new_action = critic_core(mb["critic_obs"], new_action, detach_params=True)
     loss_critic = critic_loss(q, target, mb["truncated"], mb["terminated"])
     loss_actor = actor_loss(log_prob, q_new_action, alpha)
     agent.critic_opt.zero_grad(set_to_none=True)

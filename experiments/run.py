@@ -24,10 +24,30 @@ class RunContext:
     run_dir: Any
     cluster: dict[str, Any]
     _pool: Any = field(default=None, repr=False)
+    _metrics: Any = field(default=None, repr=False)
+    tune_report: Any = field(default=None, repr=False)  # set by experiments.sweep inside a trial
 
     @property
     def typed(self) -> dict[str, Any]:
         return self.cfg["_typed"]
+
+    @property
+    def metrics(self):
+        """Per-iteration metrics of this run (Parquet + TensorBoard under the run directory)."""
+        if self._metrics is None:
+            from cluster.metrics import MetricsLogger
+            self._metrics = MetricsLogger(self.run_dir.path)
+        return self._metrics
+
+    def log(self, step: int, metrics: dict[str, Any]) -> None:
+        """Record driver-side metrics; inside a Tune trial they are also reported to Tune."""
+        self.metrics.log(step, metrics)
+        if self.tune_report is not None:
+            self.tune_report({k: v for k, v in metrics.items() if isinstance(v, (int, float))})
+
+    def close(self) -> None:
+        if self._metrics is not None:
+            self._metrics.close()
 
     @property
     def pool(self):
@@ -75,7 +95,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     except (ConfigError, FileNotFoundError) as err:
         print(f"config error: {err}", file=sys.stderr)
         raise SystemExit(2)
-    summary = cfg["_module"].run(cfg, ctx)
+    try:
+        summary = cfg["_module"].run(cfg, ctx)
+    finally:
+        ctx.close()
     ctx.run_dir.write_json("summary.json", summary)
     print(f"run directory: {ctx.run_dir.path}", flush=True)
     return summary

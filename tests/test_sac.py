@@ -47,10 +47,9 @@ def random_batch(n: int, obs_dim: int = OBS, act_dim: int = ACT, seed: int = 0, 
 def constant_q(critic: torch.nn.Module, values: tuple[float, float]) -> None:
     """Make critic i output the constant values[i] (all weights zero, last bias = value)."""
     with torch.no_grad():
-        for q, value in zip(critic.qs, values):
-            for p in q.parameters():
-                p.zero_()
-            q[-1].bias.fill_(value)
+        for p in critic.parameters():
+            p.zero_()
+        critic.qs.layers[-1].bias[:, 0, 0] = torch.tensor(values)
 
 
 def test_truncation_masks_loss_and_termination_stops_bootstrap():
@@ -165,7 +164,7 @@ def test_update_requires_g_times_b_rows_and_asymmetric_inputs():
         update(agent, random_batch(n + 1, critic_obs_dim=7))
     metrics = update(agent, lambda k: random_batch(k, critic_obs_dim=7))
     assert agent.num_updates == cfg.utd and all(math.isfinite(v) for v in metrics.values())
-    assert agent.critic.qs[0][0].in_features == 7 + ACT and agent.actor.net[0].in_features == OBS
+    assert agent.critic.qs.layers[0].in_features == 7 + ACT and agent.actor.net[0].in_features == OBS
 
 
 def test_state_dict_resume_continues_identically():
