@@ -35,12 +35,14 @@ def env_id(task: str) -> str:
 
 
 class PhysicsState(gym.Wrapper):
-    """Adds MuJoCo ``qpos``/``qvel`` to ``info`` after reset and every step (the world model trains on them)."""
+    """Adds MuJoCo ``qpos``/``qvel``/``ctrl`` to ``info`` after reset and every step (the world model trains on
+    them: ``ctrl`` is the action in the simulator's units, before it is rescaled to the policy's [-1, 1])."""
 
     def _state(self, info: dict) -> dict:
         data = self.env.unwrapped.data
         info["qpos"] = np.array(data.qpos, dtype=np.float64)
         info["qvel"] = np.array(data.qvel, dtype=np.float64)
+        info["ctrl"] = np.array(data.ctrl, dtype=np.float64)  # the control the simulator applied (env units)
         return info
 
     def reset(self, **kwargs: Any):
@@ -60,7 +62,8 @@ def make_env(task: str, change: dict | None = None, physics_state: bool = False,
         env = apply_change(env, change)
     if physics_state:
         env = PhysicsState(env)
-    return env
+    # Policies act in [-1, 1] on every task; the env maps that onto its own control range.
+    return gym.wrappers.RescaleAction(env, -1.0, 1.0)
 
 
 def make_vector_env(task: str, num_envs: int, change: dict | None = None, physics_state: bool = False,
@@ -119,7 +122,7 @@ class VectorRollout:
         out: dict[str, list[np.ndarray]] = {k: [] for k in ("obs", "action", "reward", "next_obs",
                                                               "terminated", "truncated")}
         if self.physics_state:
-            for k in ("qpos", "qvel", "next_qpos", "next_qvel"):
+            for k in ("qpos", "qvel", "next_qpos", "next_qvel", "ctrl"):
                 out[k] = []
         stats = EpisodeStats()
         for _ in range(steps):
@@ -139,11 +142,13 @@ class VectorRollout:
             out["truncated"].append(truncated.astype(np.float32))
             if self.physics_state:
                 qpos, qvel = self._physics(info)
-                next_qpos, next_qvel = qpos.copy(), qvel.copy()
+                next_qpos, next_qvel, ctrl = qpos.copy(), qvel.copy(), np.asarray(info["ctrl"]).copy()
                 if done.any():
                     final_info = info["final_info"]
                     for i in np.flatnonzero(done):
                         next_qpos[i], next_qvel[i] = final_info["qpos"][i], final_info["qvel"][i]
+                        ctrl[i] = final_info["ctrl"][i]
+                out["ctrl"].append(ctrl)
                 out["qpos"].append(self.state[0])
                 out["qvel"].append(self.state[1])
                 out["next_qpos"].append(next_qpos)
@@ -159,7 +164,7 @@ class VectorRollout:
             self.ep_length[done] = 0
             self.obs = next_obs
             self.total_steps += self.num_envs
-        batch = {k: np.concatenate(v).astype(np.float32) if k not in ("qpos", "qvel", "next_qpos", "next_qvel")
+        batch = {k: np.concatenate(v).astype(np.float32) if k not in ("qpos", "qvel", "next_qpos", "next_qvel", "ctrl")
                  else np.concatenate(v) for k, v in out.items()}
         return batch, stats
 

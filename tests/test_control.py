@@ -9,7 +9,7 @@ from envs.control import VectorRollout, random_policy
 
 
 def _fixed_actions(n_envs: int, steps: int, dim: int, seed: int) -> np.ndarray:
-    return np.random.default_rng(seed).uniform(-3, 3, size=(steps, n_envs, dim)).astype(np.float32)
+    return np.random.default_rng(seed).uniform(-1, 1, size=(steps, n_envs, dim)).astype(np.float32)
 
 
 def test_no_fake_autoreset_transitions_and_true_final_obs():
@@ -23,7 +23,7 @@ def test_no_fake_autoreset_transitions_and_true_final_obs():
     assert stats.terminations >= 5
     # replay each env alone with plain gymnasium and the same seed/actions: identical transitions
     for e in range(n):
-        env = gym.make("InvertedPendulum-v5")
+        env = gym.wrappers.RescaleAction(gym.make("InvertedPendulum-v5"), -1.0, 1.0)
         obs, _ = env.reset(seed=11 + e)
         rows = slice(e, None, n)
         for t, (o, a, r, nxt, term) in enumerate(zip(batch["obs"][rows], batch["action"][rows], batch["reward"][rows],
@@ -35,6 +35,8 @@ def test_no_fake_autoreset_transitions_and_true_final_obs():
             np.testing.assert_allclose(nxt, obs2, atol=1e-6)  # the true final observation, not the reset one
             obs = env.reset()[0] if (term2 or trunc2) else obs2
         # physics state of the terminal transition is the terminal state too
+    # ctrl is the simulator's control: the policy's [-1, 1] action mapped onto InvertedPendulum's [-3, 3]
+    np.testing.assert_allclose(batch["ctrl"][:, 0], 3.0 * batch["action"][:, 0], atol=1e-5)
     terminal = np.flatnonzero(batch["terminated"])
     assert np.allclose(batch["next_qpos"][terminal][:, 1], batch["next_obs"][terminal][:, 1], atol=1e-6)
 
