@@ -28,7 +28,7 @@ import logging
 import os
 import time
 from collections import defaultdict
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Iterator, Sequence
 
 import ray
@@ -38,6 +38,8 @@ from cluster.connect import NAMESPACE
 from cluster.samplers import BUILTIN_SAMPLERS
 
 log = logging.getLogger(__name__)
+
+HEAD_NODE_RESOURCE = "node:__internal_head__"  # every Ray head node has 1 of it
 
 
 @dataclass
@@ -49,6 +51,11 @@ class PoolConfig:
     slots_per_worker: int = 1  # concurrent requests per worker (>1 only for samplers that release the GIL)
     torch_threads: int = 1
     revive_timeout_s: float = 60.0
+    # Placement over nodes: DEFAULT (Ray packs, then spreads) or SPREAD (one worker per node first, so a node that
+    # leaves takes few workers with it); ``resources`` are custom resources each worker needs (e.g. {"sampler": 1}
+    # to keep samplers on nodes started with --resources='{"sampler": 8}').
+    strategy: str = "DEFAULT"
+    resources: dict[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.num_workers < 1:
@@ -59,6 +66,11 @@ class PoolConfig:
             raise ValueError(f"pool.num_gpus: fractions must fit one GPU (<= 1) or be whole, got {self.num_gpus}")
         if self.slots_per_worker < 1:
             raise ValueError(f"pool.slots_per_worker: must be >= 1, got {self.slots_per_worker}")
+        if self.strategy not in ("DEFAULT", "SPREAD"):
+            raise ValueError(f"pool.strategy: must be DEFAULT or SPREAD, got {self.strategy!r}")
+        bad = {k: v for k, v in self.resources.items() if not isinstance(v, (int, float)) or v < 0}
+        if bad:
+            raise ValueError(f"pool.resources: amounts must be numbers >= 0, got {bad}")
 
 
 class SamplerError(RuntimeError):
@@ -94,7 +106,8 @@ class PoolWorker:
         return os.getpid()
 
     def stats(self) -> dict[str, Any]:
-        return {"index": self.index, "pid": os.getpid(), "requests": self.requests,
+        return {"index": self.index, "pid": os.getpid(), "node_id": ray.get_runtime_context().get_node_id(),
+                "requests": self.requests,
                 "resources": ray.get_runtime_context().get_assigned_resources(),
                 "weight_fetches": self.weight_fetches, "samplers": len(self.samplers),
                 "cached_weights": {k: v for k, (v, _) in self.weights.items()}}
@@ -165,6 +178,10 @@ class PoolManager:
                                     get_if_exists=True, num_cpus=self.cfg.num_cpus)
         if self.cfg.num_gpus:
             opts["num_gpus"] = self.cfg.num_gpus
+        if self.cfg.resources:
+            opts["resources"] = dict(self.cfg.resources)
+        if self.cfg.strategy != "DEFAULT":
+            opts["scheduling_strategy"] = self.cfg.strategy
         return PoolWorker.options(**opts).remote(i, self.cfg.torch_threads)
 
     def _metrics(self) -> None:
@@ -349,8 +366,10 @@ class SharedPool:
         """Attach to the pool named ``cfg.name``, creating it (and its workers) if it does not exist yet."""
         cfg = cfg if isinstance(cfg, PoolConfig) else PoolConfig(**(cfg or {}))
         if create:
+            # The manager holds the pool's state: keep it on the head node, which outlives worker nodes.
             manager = PoolManager.options(name=cfg.name, namespace=NAMESPACE, lifetime="detached",
-                                          get_if_exists=True).remote(asdict(cfg))
+                                          get_if_exists=True, resources={HEAD_NODE_RESOURCE: 0.001}
+                                          ).remote(asdict(cfg))
         else:
             manager = ray.get_actor(cfg.name, namespace=NAMESPACE)
         info = ray.get(manager.ready.remote())

@@ -95,6 +95,12 @@ def wrap_ddp(module):
     return torch.nn.parallel.DistributedDataParallel(module, device_ids=ids)
 
 
+def quiet_logs() -> None:
+    """Ray Train logs every report at INFO; a learner reporting each round would drown its own progress lines."""
+    for name in ("ray.train", "ray.train.v2"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+
+
 def all_reduce_mean_(tensors) -> None:
     """Average tensors in place across workers (e.g. normaliser statistics, evaluation metrics)."""
     if world_size() == 1:
@@ -103,6 +109,12 @@ def all_reduce_mean_(tensors) -> None:
     for t in tensors:
         dist.all_reduce(t, op=dist.ReduceOp.SUM)
         t.div_(world_size())
+
+
+def barrier() -> None:
+    if world_size() > 1:
+        import torch.distributed as dist
+        dist.barrier()
 
 
 def broadcast_(tensors, src: int = 0) -> None:

@@ -3,7 +3,8 @@
 config:  task, num_envs, seed, change (stage-3 edit or None), physics_state (record qpos/qvel),
          deterministic_only (a real robot's interface: refuse stochastic actions)
 request: steps, optionally reset_seed (rebuild the envs from this seed: reproducible independent shards),
-         deterministic (act with the policy mean), policy ("random" before any weights are published)
+         deterministic (act with the policy mean), policy ("random" before any weights are published);
+         or evaluate_episodes + reset_seed: run that many whole episodes in fresh envs (evaluation)
 result:  transitions (dict of arrays, steps*num_envs rows), episode returns/lengths/terminations, policy version
 """
 from __future__ import annotations
@@ -41,7 +42,22 @@ class EnvSampler:
         self.policy_fn = build_policy(weights)
         self.version = version
 
+    def evaluate(self, request: dict) -> dict:
+        from envs.control import evaluate
+        if self.policy_fn is None:
+            raise RuntimeError("evaluation needs published policy weights")
+        deterministic = bool(request.get("deterministic", True))
+        stats = evaluate(self.config["task"], lambda obs: self.policy_fn(obs, deterministic),
+                         int(request["evaluate_episodes"]), int(request.get("reset_seed", 0)),
+                         self.config.get("change"), num_envs=request.get("num_envs"))
+        self.actions_sent["deterministic" if deterministic else "stochastic"] += 1
+        return {"episode_returns": np.asarray(stats.returns), "episode_lengths": np.asarray(stats.lengths),
+                "terminations": stats.terminations, "policy_version": self.version,
+                "num_samples": int(sum(stats.lengths))}
+
     def sample(self, request: dict) -> dict:
+        if "evaluate_episodes" in request:
+            return self.evaluate(request)
         if "reset_seed" in request or self.rollout is None:
             self._build(int(request.get("reset_seed", self.config.get("seed", 0))))
         deterministic = bool(request.get("deterministic", False))
@@ -59,5 +75,6 @@ class EnvSampler:
         batch, stats = self.rollout.collect(policy, int(request["steps"]))
         return {"transitions": batch, "episode_returns": np.asarray(stats.returns, dtype=np.float64),
                 "episode_lengths": np.asarray(stats.lengths, dtype=np.int64), "terminations": stats.terminations,
-                "policy_version": version, "deterministic": deterministic, "actions_sent": dict(self.actions_sent),
+                "policy_version": version, "policy_updates": getattr(self.policy_fn, "num_updates", 0) if version else 0,
+                "deterministic": deterministic, "actions_sent": dict(self.actions_sent),
                 "num_samples": len(batch["reward"])}

@@ -1,0 +1,162 @@
+"""Commit points of a run, so that a killed run resumes exactly at its last commit: same step, no duplicated data.
+
+A run appends to Parquet stores (numbered parts that are never rewritten) and counts steps. After each finished
+step it commits: buffered metrics are flushed, then ``{step, parts per store, state}`` is written atomically to
+``<run>/progress.json``. Resuming cuts every store back to its committed number of parts (dropping what a killed
+step had half-written) and hands back the step and the small JSON ``state``.
+
+The commit record is also what a Tune trial checkpoints (``report(metrics, checkpoint=record)``): a trial restored
+by Tune is its run directory cut at that commit (:func:`restore`), and a PBT trial that exploits another one starts
+from a copy of the other run's committed parts (:func:`clone`). Parts are immutable, so the first ``n`` parts of a
+store are still exactly what they were when the commit was made.
+
+    journal = Journal(ctx.run_dir.path, [store], metrics=ctx.metrics, report=ctx.tune_report)
+    commit = journal.resume() if cfg["resume"] else journal.start()
+    for step in range(commit.step, total):
+        store.append(...)
+        journal.commit(step + 1, {"loss": ...}, state={...})
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+from cluster.store import ParquetStore
+
+log = logging.getLogger(__name__)
+
+PROGRESS_FILE = "progress.json"
+
+
+@dataclass
+class Commit:
+    step: int = 0
+    parts: dict[str, int] = field(default_factory=dict)  # store path relative to the run dir -> committed parts
+    state: dict[str, Any] = field(default_factory=dict)
+    run_path: str = ""
+    time: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "Commit":
+        return cls(**{k: data[k] for k in ("step", "parts", "state", "run_path", "time") if k in data})
+
+
+def read_commit(run_path: str | Path) -> Commit | None:
+    path = Path(run_path) / PROGRESS_FILE
+    if not path.exists():
+        return None
+    return Commit.from_dict(json.loads(path.read_text()))
+
+
+def _write_commit(run_path: Path, commit: Commit) -> None:
+    tmp = run_path / f".{PROGRESS_FILE}.tmp"
+    tmp.write_text(json.dumps(commit.to_dict(), default=float))
+    with open(tmp, "rb") as fh:
+        os.fsync(fh.fileno())
+    os.replace(tmp, run_path / PROGRESS_FILE)
+
+
+def _rollback(run_path: Path, parts: dict[str, int], known: Iterable[str]) -> int:
+    """Cut each store to its committed parts; stores the commit does not know were written after it: emptied."""
+    removed = 0
+    for rel in set(known) | set(parts):
+        store_path = run_path / rel
+        if store_path.exists():
+            removed += ParquetStore(store_path).rollback(parts.get(rel, 0))
+    return removed
+
+
+class Journal:
+    """Commits of one run directory over a fixed set of stores (the metrics store is added when ``metrics`` is)."""
+
+    def __init__(self, run_path: str | Path, stores: Iterable[ParquetStore], *, metrics: Any = None,
+                 report: Callable[..., None] | None = None) -> None:
+        self.run_path = Path(run_path).resolve()
+        self.stores = list(stores)
+        self.metrics = metrics  # a cluster.metrics.MetricsLogger (buffers rows: flushed at each commit)
+        if metrics is not None:
+            self.stores.append(metrics.store)
+        self.report = report
+        self.last: Commit | None = None
+
+    def _rel(self, store: ParquetStore) -> str:
+        return str(store.path.resolve().relative_to(self.run_path))
+
+    def start(self) -> Commit:
+        """A fresh run: its stores must be empty (a second run into the same directory would mix data)."""
+        used = [self._rel(s) for s in self.stores if s.num_parts]
+        if used:
+            raise FileExistsError(f"run directory {self.run_path} already has data in {', '.join(used)}: "
+                                  f"pass resume=true to continue it, or another run_name")
+        self.last = Commit(run_path=str(self.run_path))
+        return self.last
+
+    def resume(self) -> Commit:
+        """Cut the stores back to the last commit and return it (step 0 if the run never committed)."""
+        commit = read_commit(self.run_path) or Commit()
+        removed = _rollback(self.run_path, commit.parts, [self._rel(s) for s in self.stores])
+        commit.run_path = str(self.run_path)
+        if removed:
+            log.warning("resume: dropped %d Parquet part(s) written after the commit of step %d", removed,
+                        commit.step)
+        log.info("resuming %s at step %d", self.run_path, commit.step)
+        self.last = commit
+        return commit
+
+    def commit(self, step: int, metrics: dict[str, Any] | None = None,
+               state: dict[str, Any] | None = None) -> Commit:
+        """Log ``metrics`` for ``step``, make everything written so far durable, report it (with the commit as a
+        checkpoint inside a Tune trial)."""
+        if self.metrics is not None:
+            if metrics:
+                self.metrics.log(step, metrics)
+            self.metrics.flush()
+        commit = Commit(step=int(step), parts={self._rel(s): s.num_parts for s in self.stores},
+                        state=dict(state or {}), run_path=str(self.run_path), time=time.time())
+        _write_commit(self.run_path, commit)
+        self.last = commit
+        if self.report is not None and metrics is not None:
+            numbers = {k: float(v) for k, v in metrics.items()
+                       if isinstance(v, (int, float)) and not isinstance(v, bool)}
+            self.report({"step": commit.step, **numbers}, checkpoint=commit.to_dict())
+        return commit
+
+
+def _stores_under(run_path: Path) -> set[str]:
+    return {str(p.parent.relative_to(run_path)) for p in run_path.rglob("part-*.parquet")}
+
+
+def restore(run_path: str | Path, record: dict[str, Any]) -> Commit:
+    """Cut ``run_path`` back to the commit ``record`` (a checkpoint of this same run) and make it the latest."""
+    run_path = Path(run_path).resolve()
+    commit = Commit.from_dict(record)
+    commit.run_path = str(run_path)
+    _rollback(run_path, commit.parts, _stores_under(run_path))
+    _write_commit(run_path, commit)
+    return commit
+
+
+def clone(record: dict[str, Any], run_path: str | Path) -> Commit:
+    """Make ``run_path`` a copy of another run cut at its commit ``record`` (PBT: exploit a better trial)."""
+    source = Path(record["run_path"]).resolve()
+    run_path = Path(run_path).resolve()
+    commit = Commit.from_dict(record)
+    if run_path.exists():
+        _rollback(run_path, {}, _stores_under(run_path))  # whatever this run had is replaced
+    for rel, n in commit.parts.items():
+        dst = ParquetStore(run_path / rel)
+        for part in ParquetStore(source / rel).parts()[:n]:
+            shutil.copy2(part, dst.path / part.name)
+    commit.run_path = str(run_path)
+    _write_commit(run_path, commit)
+    log.info("cloned %s at step %d into %s", source, commit.step, run_path)
+    return commit

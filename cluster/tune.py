@@ -1,0 +1,230 @@
+"""Ray Tune plumbing for sweeps: the sweep config, its search space, the scheduler, the results table and plot.
+
+Experiment-agnostic: ``experiments.sweep`` wires it to ``experiments.run`` (see the format there). Parameters are
+flat dotted config keys (``experiment.envs_per_shard``) so a sampled point is a list of hydra overrides.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+log = logging.getLogger(__name__)
+
+KINDS = ("choice", "grid", "uniform", "loguniform")
+# Keys a trial must not vary: the shared pool and the cluster are one per cluster, run bookkeeping is the sweep's.
+FIXED_PREFIXES = ("pool.", "cluster.", "sweep.", "output_dir", "run_name", "resume")
+
+
+@dataclass
+class SchedulerConfig:
+    """``fifo`` runs every trial to the end; ``asha`` stops poor trials at rungs ``grace_period * rf^k``;
+    ``pbt`` periodically replaces the worst ``quantile_fraction`` by mutated copies of the best (needs checkpoints)."""
+
+    name: Literal["fifo", "asha", "pbt"] = "asha"
+    max_t: int = 100  # iterations (reports) a trial may run at most (ASHA)
+    grace_period: int = 1
+    reduction_factor: float = 2.0
+    perturbation_interval: int = 2  # PBT: iterations between exploit/explore steps
+    quantile_fraction: float = 0.25
+    resample_probability: float = 0.25
+
+    def __post_init__(self) -> None:
+        if self.max_t < 1 or self.grace_period < 1 or self.grace_period > self.max_t:
+            raise ValueError(f"sweep.scheduler: need 1 <= grace_period <= max_t, got {self.grace_period}/{self.max_t}")
+        if self.reduction_factor <= 1:
+            raise ValueError(f"sweep.scheduler.reduction_factor: must be > 1, got {self.reduction_factor}")
+        if self.perturbation_interval < 1:
+            raise ValueError(f"sweep.scheduler.perturbation_interval: must be >= 1, got {self.perturbation_interval}")
+        if not 0 < self.quantile_fraction <= 0.5:
+            raise ValueError(f"sweep.scheduler.quantile_fraction: must be in (0, 0.5], got {self.quantile_fraction}")
+
+
+@dataclass
+class SweepConfig:
+    space: dict[str, Any]
+    metric: str
+    mode: Literal["min", "max"] = "max"
+    num_samples: int = 1  # samples of the random part of the space, per grid point
+    max_concurrent: int = 2
+    trial_cpus: float = 0.05  # the trial's driver only: its pool requests and learners ask for their own resources
+    max_failures: int = 1  # a crashed trial is retried this often, from its last checkpoint
+    keep_checkpoints: int = 2
+    best_scope: Literal["last", "avg", "all", "last-5-avg", "last-10-avg"] = "last"
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    description: str = ""
+
+    def __post_init__(self) -> None:
+        if self.num_samples < 1:
+            raise ValueError(f"sweep.num_samples: must be >= 1, got {self.num_samples}")
+        if self.max_concurrent < 1:
+            raise ValueError(f"sweep.max_concurrent: must be >= 1, got {self.max_concurrent}")
+        if self.trial_cpus <= 0:
+            raise ValueError(f"sweep.trial_cpus: must be > 0 (Ray rejects 0; use a fraction), got {self.trial_cpus}")
+        if self.max_failures < 0:
+            raise ValueError(f"sweep.max_failures: must be >= 0, got {self.max_failures}")
+        self.params = flatten_space(self.space)  # validates every leaf
+        if self.scheduler.name == "pbt" and all(kind == "grid" for kind, _ in self.params.values()):
+            raise ValueError("sweep.scheduler.name: pbt needs at least one choice/uniform/loguniform parameter")
+
+
+def flatten_space(space: dict[str, Any], prefix: str = "") -> dict[str, tuple[str, list]]:
+    """``{experiment: {lr: {loguniform: [1e-4, 1e-2]}}}`` -> ``{"experiment.lr": ("loguniform", [1e-4, 1e-2])}``."""
+    if not isinstance(space, dict) or not space:
+        raise ValueError(f"sweep.space{'.' + prefix.rstrip('.') if prefix else ''}: expected a non-empty mapping")
+    out: dict[str, tuple[str, list]] = {}
+    for key, value in space.items():
+        path = f"{prefix}{key}"
+        where = f"sweep.space.{path}"
+        if path.startswith(FIXED_PREFIXES):
+            raise ValueError(f"{where}: cannot be swept (one shared pool/cluster per sweep; the sweep names runs)")
+        if isinstance(value, dict) and len(value) == 1 and next(iter(value)) in KINDS:
+            kind, args = next(iter(value.items()))
+            out[path] = (kind, _check_leaf(kind, args, where))
+        elif isinstance(value, dict) and not (set(value) & set(KINDS)):
+            out.update(flatten_space(value, f"{path}."))
+        else:
+            raise ValueError(f"{where}: expected one of {{{', '.join(KINDS)}}}: [...] or a nested mapping, "
+                             f"got {value!r}")
+    return out
+
+
+def _check_leaf(kind: str, args: Any, where: str) -> list:
+    if not isinstance(args, (list, tuple)) or not args:
+        raise ValueError(f"{where}.{kind}: expected a non-empty list, got {args!r}")
+    args = list(args)
+    if kind in ("uniform", "loguniform"):
+        if len(args) != 2 or not all(isinstance(a, (int, float)) and not isinstance(a, bool) for a in args):
+            raise ValueError(f"{where}.{kind}: expected [low, high] numbers, got {args!r}")
+        low, high = args
+        if not low < high:
+            raise ValueError(f"{where}.{kind}: low must be < high, got {args!r}")
+        if kind == "loguniform" and low <= 0:
+            raise ValueError(f"{where}.loguniform: bounds must be > 0, got {args!r}")
+    return args
+
+
+def tune_space(params: dict[str, tuple[str, list]]) -> dict[str, Any]:
+    """The Tune ``param_space`` for flattened parameters."""
+    from ray import tune
+    make = {"choice": tune.choice, "grid": tune.grid_search,
+            "uniform": lambda a: tune.uniform(*a), "loguniform": lambda a: tune.loguniform(*a)}
+    return {key: make[kind](args) for key, (kind, args) in params.items()}
+
+
+def representative(params: dict[str, tuple[str, list]]) -> dict[str, Any]:
+    """One point of the space (first choices, geometric/arithmetic mid-points): validated before anything runs."""
+    out = {}
+    for key, (kind, args) in params.items():
+        if kind in ("choice", "grid"):
+            out[key] = args[0]
+        elif kind == "uniform":
+            out[key] = (args[0] + args[1]) / 2
+        else:
+            out[key] = (args[0] * args[1]) ** 0.5
+    return out
+
+
+def scheduler(cfg: SweepConfig):
+    """The Tune trial scheduler named by ``cfg.scheduler.name`` (metric/mode come from the TuneConfig)."""
+    from ray.tune.schedulers import ASHAScheduler, FIFOScheduler, PopulationBasedTraining
+    s = cfg.scheduler
+    if s.name == "fifo":
+        return FIFOScheduler()
+    if s.name == "asha":
+        return ASHAScheduler(time_attr="training_iteration", max_t=s.max_t, grace_period=s.grace_period,
+                             reduction_factor=s.reduction_factor)
+    from ray import tune
+    mutations = {}
+    for key, (kind, args) in cfg.params.items():
+        if kind in ("choice", "grid"):
+            mutations[key] = list(args)
+        else:
+            mutations[key] = tune.uniform(*args) if kind == "uniform" else tune.loguniform(*args)
+    return PopulationBasedTraining(time_attr="training_iteration", perturbation_interval=s.perturbation_interval,
+                                   hyperparam_mutations=mutations, quantile_fraction=s.quantile_fraction,
+                                   resample_probability=s.resample_probability)
+
+
+_PLAIN = re.compile(r"^[A-Za-z0-9_./:+-]+$")
+
+
+def override(key: str, value: Any) -> str:
+    """``key=value`` in hydra's override grammar (strings quoted when needed)."""
+    return f"{key}={_format(value)}"
+
+
+def _format(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, str):
+        if _PLAIN.match(value) and value.lower() not in ("null", "true", "false"):
+            return value
+        return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
+    if isinstance(value, (list, tuple)):
+        return "[" + ",".join(_format(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{" + ",".join(f"{k}:{_format(v)}" for k, v in value.items()) + "}"
+    raise ValueError(f"cannot express {value!r} as a hydra override")
+
+
+def results_table(result_grid, params: list[str]):
+    """Every reported iteration of every trial: ``trial_id``, ``training_iteration``, metrics, the parameters."""
+    import pandas as pd
+    frames = []
+    for result in result_grid:
+        df = result.metrics_dataframe
+        if df is None or df.empty:
+            continue
+        df = df.copy()
+        config = result.config or {}
+        for key in params:
+            df[f"config/{key}"] = config.get(key)
+        df["trial_id"] = df["trial_id"] if "trial_id" in df else Path(result.path).name
+        df["error"] = result.error is not None
+        frames.append(df)
+    if not frames:
+        return pd.DataFrame()
+    table = pd.concat(frames, ignore_index=True)
+    keep = [c for c in table.columns if table[c].map(lambda v: v is None or isinstance(v, (int, float, str, bool))).all()]
+    return table[keep].sort_values(["trial_id", "training_iteration"]).reset_index(drop=True)
+
+
+def plot_trials(table, metric: str, path: str | Path, params: list[str], title: str = "") -> Path:
+    """One line per trial: ``metric`` over training iterations, labelled with the trial's parameters."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    for trial_id, df in table.groupby("trial_id"):
+        if metric not in df:
+            continue
+        label = " ".join(f"{k.rsplit('.', 1)[-1]}={_short(df[f'config/{k}'].iloc[0])}" for k in params)
+        ax.plot(df["training_iteration"], df[metric], marker="o", ms=3, label=f"{trial_id[-5:]} {label}")
+    ax.set_xlabel("iteration")
+    ax.set_ylabel(metric)
+    ax.set_title(title or f"{metric} per trial")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, loc="best")
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def _short(value: Any) -> str:
+    return f"{value:.3g}" if isinstance(value, float) else str(value)
+
+
+def as_dict(cfg: SweepConfig) -> dict[str, Any]:
+    return {f.name: getattr(cfg, f.name) if f.name != "scheduler" else dataclasses.asdict(cfg.scheduler)
+            for f in dataclasses.fields(cfg)}
