@@ -27,6 +27,9 @@ class GPTConfig:
     n_head: int = 4
     n_embd: int = 64
     dropout: float = 0.0
+    rope: bool = True  # rotary position embedding (relative offsets are learned much faster); else learned absolute
+    rope_base: float = 10000.0
+    tie_embeddings: bool = False  # untied output embeddings learn the digit arithmetic about twice as fast
 
     def __post_init__(self) -> None:
         if self.vocab_size < 2:
@@ -35,6 +38,8 @@ class GPTConfig:
             raise ValueError(f"n_embd ({self.n_embd}) must be divisible by n_head ({self.n_head})")
         if self.n_layer < 1 or self.block_size < 1:
             raise ValueError("n_layer and block_size must be >= 1")
+        if self.rope and (self.n_embd // self.n_head) % 2:
+            raise ValueError("rotary embeddings need an even head size (n_embd / n_head)")
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
 
@@ -46,6 +51,12 @@ class GPTOutput:
     attentions: tuple[torch.Tensor, ...] | None  # per layer (B, H, T, T_past + T), rows sum to 1
 
 
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotary embedding (RoFormer) of (B, H, T, d) with per-position cos/sin of shape (B, 1, T, d/2)."""
+    x1, x2 = x[..., ::2], x[..., 1::2]
+    return torch.stack([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1).flatten(-2)
+
+
 class CausalSelfAttention(nn.Module):
     def __init__(self, cfg: GPTConfig) -> None:
         super().__init__()
@@ -55,10 +66,13 @@ class CausalSelfAttention(nn.Module):
         self.dropout = cfg.dropout
 
     def forward(self, x: torch.Tensor, allowed: torch.Tensor, past: tuple[torch.Tensor, torch.Tensor] | None,
-                need_weights: bool) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor], torch.Tensor | None]:
+                need_weights: bool, rotary: tuple[torch.Tensor, torch.Tensor] | None = None,
+                ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor], torch.Tensor | None]:
         B, T, C = x.shape
         q, k, v = self.qkv(x).split(C, dim=2)
         q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))
+        if rotary is not None:  # cached keys are stored already rotated
+            q, k = rotate(q, *rotary), rotate(k, *rotary)
         if past is not None:
             k, v = torch.cat([past[0], k], dim=2), torch.cat([past[1], v], dim=2)
         weights = None
@@ -81,24 +95,29 @@ class Block(nn.Module):
         self.mlp = nn.Sequential(nn.Linear(cfg.n_embd, 4 * cfg.n_embd), nn.GELU(),
                                  nn.Linear(4 * cfg.n_embd, cfg.n_embd), nn.Dropout(cfg.dropout))
 
-    def forward(self, x, allowed, past, need_weights):
-        a, present, weights = self.attn(self.ln1(x), allowed, past, need_weights)
+    def forward(self, x, allowed, past, need_weights, rotary=None):
+        a, present, weights = self.attn(self.ln1(x), allowed, past, need_weights, rotary)
         x = x + a
         return x + self.mlp(self.ln2(x)), present, weights
 
 
 class GPT(nn.Module):
-    """Decoder-only transformer with learned absolute positions and tied input/output embeddings."""
+    """Decoder-only transformer (pre-LayerNorm, GELU MLP, tied input/output embeddings) with rotary or learned
+    absolute positions."""
 
     def __init__(self, cfg: GPTConfig) -> None:
         super().__init__()
         self.cfg = cfg
         self.wte = nn.Embedding(cfg.vocab_size, cfg.n_embd)
-        self.wpe = nn.Embedding(cfg.block_size, cfg.n_embd)
+        self.wpe = None if cfg.rope else nn.Embedding(cfg.block_size, cfg.n_embd)
+        head = cfg.n_embd // cfg.n_head
+        self.register_buffer("inv_freq", cfg.rope_base ** (-torch.arange(0, head, 2).float() / head),
+                             persistent=False)
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layer))
         self.ln_f = nn.LayerNorm(cfg.n_embd)
         self.lm_head = nn.Linear(cfg.n_embd, cfg.vocab_size, bias=False)
-        self.lm_head.weight = self.wte.weight
+        if cfg.tie_embeddings:
+            self.lm_head.weight = self.wte.weight
         self.apply(self._init_weights)
         for name, p in self.named_parameters():
             if name.endswith("attn.proj.weight") or name.endswith("mlp.2.weight"):
@@ -134,11 +153,17 @@ class GPT(nn.Module):
         k_pos = torch.arange(total, device=device)[None, :]
         # A padding query sees only padding; letting every query see itself keeps its softmax finite.
         allowed = (k_pos <= q_pos) & (attention_mask.bool()[:, None, None, :] | (k_pos == q_pos))
-        x = self.wte(input_ids) + self.wpe(position_ids)
+        x = self.wte(input_ids)
+        rotary = None
+        if self.wpe is not None:
+            x = x + self.wpe(position_ids)
+        else:
+            angles = position_ids[:, None, :, None].float() * self.inv_freq  # (B, 1, T, d/2)
+            rotary = (angles.cos(), angles.sin())
         presents, attentions = [], []
         for i, block in enumerate(self.blocks):
             x, present, weights = block(x, allowed, past_key_values[i] if past_key_values else None,
-                                        output_attentions)
+                                        output_attentions, rotary)
             presents.append(present)
             attentions.append(weights)
         logits = self.lm_head(self.ln_f(x))

@@ -14,6 +14,7 @@ teacher forcing on the learner side.
 from __future__ import annotations
 
 import contextlib
+import inspect
 from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol, Sequence
 
@@ -139,6 +140,24 @@ def aggregate_step_attention(attentions: Sequence[torch.Tensor], step_ids: Seque
     return acc.step_attention(0, step_ids)
 
 
+def _cache_kwarg(model: nn.Module) -> str:
+    """Name of the KV-cache argument: ``cache`` in transformers >= 5.x, ``past_key_values`` before (and here)."""
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+
+def _forward(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor,
+             cache=None, use_cache: bool = False, output_attentions: bool = False):
+    """One forward pass under the HF calling convention; returns (logits, cache, attentions)."""
+    kwargs = dict(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                  use_cache=use_cache, output_attentions=output_attentions)
+    if cache is not None:
+        kwargs[_cache_kwarg(model)] = cache
+    out = model(**kwargs)
+    new_cache = getattr(out, "cache", None) if "cache" in getattr(out, "__dataclass_fields__", {}) else \
+        getattr(out, "past_key_values", None)
+    return out.logits, new_cache, out.attentions if output_attentions else None
+
+
 def _sample(logits: torch.Tensor, temperature: float, generator: torch.Generator | None):
     logits = logits.float()
     if temperature > 0:
@@ -185,17 +204,15 @@ def _generate_batch(policy: Policy, requests: list[GenerationRequest], max_new_t
     ids = torch.full((B, width), codec.pad_id, dtype=torch.long)
     mask = torch.zeros(B, width, dtype=torch.long)
     token_steps = torch.full((B, width), -1, dtype=torch.long)  # step index of every position, -1 for padding
-    seq_steps: list[list[int]] = []
     for b, (r, ctx) in enumerate(zip(requests, contexts)):
         ids[b, width - len(ctx):] = torch.tensor(ctx)
         mask[b, width - len(ctx):] = 1
         steps = [0] * len(r.prompt_ids) + response_step_ids(r.prefix_ids, codec.delimiter_ids, codec.eos_id)
         token_steps[b, width - len(ctx):] = torch.tensor(steps)
-        seq_steps.append(steps)
     caps = torch.tensor([min(max_new_tokens, r.max_new_tokens or max_new_tokens) for r in requests])
     if (caps < 1).any():
         raise ValueError("every request needs max_new_tokens >= 1")
-    current_step = torch.tensor([s[-1] for s in seq_steps])
+    current_step = token_steps[:, -1].clone()
     empty_response = torch.tensor([len(r.prefix_ids) == 0 for r in requests])
     opens_step = empty_response | torch.tensor([bool(r.prefix_ids) and r.prefix_ids[-1] in codec.delimiter_ids
                                                 for r in requests])
@@ -204,65 +221,58 @@ def _generate_batch(policy: Policy, requests: list[GenerationRequest], max_new_t
     need_attn = step_score_fn is not None
     acc = None
     with policy.autocast():
-        out = model(input_ids=ids, attention_mask=mask, position_ids=(mask.cumsum(1) - 1).clamp(min=0),
-                    use_cache=True, output_attentions=need_attn)
+        logits, past, attentions = _forward(model, ids, mask, (mask.cumsum(1) - 1).clamp(min=0), None, True,
+                                            need_attn)
     if need_attn:
-        acc = StepAttentionAccumulator(B, len(out.attentions), out.attentions[0].shape[1],
-                                       int(token_steps.max()) + 8)
-        acc.add(out.attentions, token_steps, token_steps)
-    past, logits = out.past_key_values, out.logits[:, -1]
-    generated = [[] for _ in range(B)]
-    logprobs = [[] for _ in range(B)]
-    entropies = [[] for _ in range(B)]
+        acc = StepAttentionAccumulator(B, len(attentions), attentions[0].shape[1], int(token_steps.max()) + 8)
+        acc.add(attentions, token_steps, token_steps)
+    logits = logits[:, -1]
+    sampled, sampled_lp, sampled_ent, alive = [], [], [], []  # per decoding step, (B,) each
     done = torch.zeros(B, dtype=torch.bool)
     ended_with_eos = torch.zeros(B, dtype=torch.bool)
     for t in range(int(caps.max())):
         tokens, lp, ent = _sample(logits, temperature, generator)
         tokens = torch.where(done, torch.full_like(tokens, codec.pad_id), tokens)
-        for b in (~done).nonzero().flatten().tolist():
-            generated[b].append(int(tokens[b]))
-            logprobs[b].append(float(lp[b]))
-            entropies[b].append(float(ent[b]))
+        sampled.append(tokens), sampled_lp.append(lp), sampled_ent.append(ent), alive.append(~done)
         current_step = current_step + (opens_step & ((tokens != codec.eos_id) | empty_response) & ~done).long()
         empty_response = torch.zeros_like(empty_response)
         new_steps = torch.where(done, -1, current_step)
-        for b in (~done).nonzero().flatten().tolist():
-            seq_steps[b].append(int(current_step[b]))
         opens_step = torch.isin(tokens, delim)
         eos = (tokens == codec.eos_id) & ~done
         ended_with_eos |= eos
         finishing = eos | (t + 1 >= caps)
         all_done = bool((done | finishing).all())
+        token_steps = torch.cat([token_steps, new_steps[:, None]], dim=1)
         if all_done and not need_attn:
             break
         # Feed the sampled token: its logits give the next sample and its attention row is FCI input, so the
         # final token of every sequence is fed once too (attention only) before stopping.
         mask = torch.cat([mask, (~done).long()[:, None]], dim=1)
-        token_steps = torch.cat([token_steps, new_steps[:, None]], dim=1)
         with policy.autocast():
-            out = model(input_ids=tokens[:, None], attention_mask=mask, position_ids=positions[:, None],
-                        past_key_values=past, use_cache=True, output_attentions=need_attn)
+            logits, past, attentions = _forward(model, tokens[:, None], mask, positions[:, None], past, True,
+                                                need_attn)
         positions = positions + 1
         if need_attn:
-            acc.add(out.attentions, new_steps[:, None], token_steps)
+            acc.add(attentions, new_steps[:, None], token_steps)
         done |= finishing
         if all_done:
             break
-        past, logits = out.past_key_values, out.logits[:, -1]
+        logits = logits[:, -1]
 
+    n_generated = torch.stack(alive, 1).sum(1).tolist()
+    tokens_all, lp_all, ent_all = (torch.stack(x, 1).tolist() for x in (sampled, sampled_lp, sampled_ent))
     rollouts = []
     for b, r in enumerate(requests):
-        response_steps = seq_steps[b][len(r.prompt_ids):]
-        scores = None
-        if acc is not None:
-            scores = step_score_fn(acc.step_attention(b, seq_steps[b])).tolist()
+        n = n_generated[b]
+        steps = token_steps[b, width - len(contexts[b]):width + n].tolist()
+        scores = step_score_fn(acc.step_attention(b, steps)).tolist() if acc is not None else None
         rollouts.append(Rollout(prompt_ids=tuple(r.prompt_ids), prefix_ids=tuple(r.prefix_ids),
-                                generated_ids=generated[b], logprobs=logprobs[b], entropies=entropies[b],
-                                finished=bool(ended_with_eos[b]), step_starts=step_starts_from_ids(response_steps),
-                                step_scores=scores, tag=r.tag))
+                                generated_ids=tokens_all[b][:n], logprobs=lp_all[b][:n], entropies=ent_all[b][:n],
+                                finished=bool(ended_with_eos[b]),
+                                step_starts=step_starts_from_ids(steps[len(r.prompt_ids):]), step_scores=scores,
+                                tag=r.tag))
     model.train(was_training)
     return rollouts
-
 
 @dataclass
 class SequenceScores:
@@ -296,9 +306,9 @@ def forward_scores(policy: Policy, prompts: Sequence[Sequence[int]], responses: 
             targets[b, :len(r)] = torch.tensor(list(r))
             resp_mask[b, :len(r)] = 1
     with policy.autocast():
-        out = policy.model(input_ids=ids, attention_mask=mask, position_ids=(mask.cumsum(1) - 1).clamp(min=0),
-                           use_cache=False, output_attentions=output_step_attention)
-    logits = out.logits.float().gather(1, gather_pos[..., None].expand(-1, -1, out.logits.shape[-1]))
+        all_logits, _, attentions = _forward(policy.model, ids, mask, (mask.cumsum(1) - 1).clamp(min=0), None, False,
+                                             output_step_attention)
+    logits = all_logits.float().gather(1, gather_pos[..., None].expand(-1, -1, all_logits.shape[-1]))
     if temperature > 0:
         logits = logits / temperature
     logp = logits.log_softmax(-1)
@@ -310,7 +320,7 @@ def forward_scores(policy: Policy, prompts: Sequence[Sequence[int]], responses: 
         for b, (p, r) in enumerate(zip(prompts, responses)):
             steps = [0] * len(p) + response_step_ids(r, codec.delimiter_ids, codec.eos_id)
             n = lengths[b]
-            step_attention.append(aggregate_step_attention([a[b, :, :n, :n] for a in out.attentions], steps))
+            step_attention.append(aggregate_step_attention([a[b, :, :n, :n] for a in attentions], steps))
     return SequenceScores(token_logp, entropy, resp_mask, step_attention)
 
 

@@ -33,6 +33,8 @@ class FP32Linear(nn.Linear):
     """
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not torch.is_autocast_enabled(x.device.type):
+            return F.linear(x, self.weight, self.bias)
         with torch.autocast(device_type=x.device.type, enabled=False):
             return F.linear(x.float(), self.weight, self.bias)
 
@@ -99,11 +101,15 @@ class EnsembleLinear(nn.Module):
 
     def forward(self, x: torch.Tensor, detach_params: bool = False) -> torch.Tensor:
         weight, bias = (self.weight.detach(), self.bias.detach()) if detach_params else (self.weight, self.bias)
-        if not self.fp32:
-            return torch.matmul(x, weight) + bias if x.dim() == 2 else torch.baddbmm(bias, x, weight)
+        if not (self.fp32 and torch.is_autocast_enabled(x.device.type)):
+            return self._affine(x, weight, bias)
         with torch.autocast(device_type=x.device.type, enabled=False):
-            x = x.float()
-            return torch.matmul(x, weight) + bias if x.dim() == 2 else torch.baddbmm(bias, x, weight)
+            return self._affine(x.float(), weight, bias)
+
+    @staticmethod
+    def _affine(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+        # A shared (B, in) input broadcasts against the (E, in, out) weights.
+        return torch.matmul(x, weight) + bias if x.dim() == 2 else torch.baddbmm(bias, x, weight)
 
     def extra_repr(self) -> str:
         return f"n_members={self.n_members}, in_features={self.in_features}, out_features={self.out_features}, fp32={self.fp32}"

@@ -548,9 +548,11 @@ class NumpyPolicy:
     def __init__(self, policy_state: Mapping[str, Any], seed: int | None = None):
         arch = policy_state["arch"]
         self.arch = dict(arch)
-        self.actor = Actor(
-            arch["obs_dim"], arch["act_dim"], arch["actor_hidden"], arch["activation"], arch["log_std_min"], arch["log_std_max"]
-        ).eval()
+        with torch.random.fork_rng(devices=[]):  # the init is overwritten; don't shift the caller's RNG stream
+            self.actor = Actor(
+                arch["obs_dim"], arch["act_dim"], arch["actor_hidden"], arch["activation"],
+                arch["log_std_min"], arch["log_std_max"],
+            ).eval()
         self.generator = torch.Generator()
         if seed is not None:
             self.generator.manual_seed(seed)

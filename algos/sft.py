@@ -6,15 +6,19 @@ problems reaches ``target_short_accuracy``; per-step errors then compound, so lo
 
 from __future__ import annotations
 
+import hashlib
 import logging
-import math
+import os
 import random
+import tempfile
 from collections import defaultdict
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Callable, Sequence
 
 import torch
 
+from algos.gpt import GPT, GPTConfig
 from algos.lm import GenerationRequest, Policy, forward_scores, generate
 
 log = logging.getLogger(__name__)
@@ -22,16 +26,27 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class SFTConfig:
-    max_steps: int = 3000
+    """Pretraining budget and stopping rule.
+
+    With ``curriculum`` the largest difficulty sampled starts at the task's minimum and grows by one whenever greedy
+    accuracy at the current largest difficulty reaches ``curriculum_threshold``: the value-lookup circuit forms on
+    one-step problems within a few hundred steps and transfers to longer ones, whereas on the full mix it takes
+    several times longer to appear. Training stops once every difficulty is in the mix and short problems are
+    solved at ``target_short_accuracy`` (so long problems remain mostly unsolved: room for RL).
+    """
+
+    max_steps: int = 1500
     batch_size: int = 32
     lr: float = 3e-3
-    warmup_steps: int = 50
+    warmup_steps: int = 20
     weight_decay: float = 0.0
     grad_clip: float = 1.0
-    eval_every: int = 50
+    eval_every: int = 25
     eval_problems_per_difficulty: int = 32
     short_difficulty: int = 1  # problems with at most this many steps are "short"
     target_short_accuracy: float = 0.9  # stop once greedy accuracy on short problems reaches this
+    curriculum: bool = True
+    curriculum_threshold: float = 0.7
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -40,8 +55,9 @@ class SFTConfig:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.lr <= 0:
             raise ValueError(f"lr must be > 0, got {self.lr}")
-        if not 0.0 < self.target_short_accuracy <= 1.0:
-            raise ValueError(f"target_short_accuracy must be in (0, 1], got {self.target_short_accuracy}")
+        for name in ("target_short_accuracy", "curriculum_threshold"):
+            if not 0.0 < getattr(self, name) <= 1.0:
+                raise ValueError(f"{name} must be in (0, 1], got {getattr(self, name)}")
 
 
 @dataclass
@@ -75,24 +91,24 @@ def sft_loss(policy: Policy, prompts: Sequence[Sequence[int]], responses: Sequen
 
 def pretrain(policy: Policy, task, cfg: SFTConfig | None = None,
              log_fn: Callable[[dict], None] | None = None) -> dict:
-    """Adam on freshly sampled problems (all difficulties) until the short-problem accuracy target is met."""
+    """AdamW on freshly sampled problems (difficulty curriculum optional) until the stopping rule fires."""
     cfg = cfg or SFTConfig()
     torch.manual_seed(cfg.seed)
     rng = random.Random(cfg.seed)
     eval_rng = random.Random(cfg.seed + 1)
-    eval_problems = [p for d in range(task.cfg.min_steps, task.cfg.max_steps + 1)
-                     for p in task.sample(eval_rng, cfg.eval_problems_per_difficulty, difficulty=d)]
-    short = [p for p in eval_problems if p.difficulty <= cfg.short_difficulty]
+    lo, hi = task.cfg.min_steps, task.cfg.max_steps
+    eval_sets = {d: task.sample(eval_rng, cfg.eval_problems_per_difficulty, difficulty=d) for d in range(lo, hi + 1)}
+    short = [p for d, ps in eval_sets.items() if d <= cfg.short_difficulty for p in ps]
+    cap = lo if cfg.curriculum else hi
     model, codec = policy.model, policy.codec
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
-    sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda s: min(1.0, (s + 1) / cfg.warmup_steps) * 0.5 * (1 + math.cos(math.pi * min(s / cfg.max_steps, 1))))
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / cfg.warmup_steps))
     eos = [codec.eos_id]
     history = []
     step = 0
     for step in range(1, cfg.max_steps + 1):
         model.train()
-        batch = task.sample(rng, cfg.batch_size)
+        batch = [task.sample(rng, 1, difficulty=rng.randint(lo, cap))[0] for _ in range(cfg.batch_size)]
         loss = sft_loss(policy, [codec.encode(p.prompt) for p in batch],
                         [codec.encode(p.solution) + eos for p in batch])
         opt.zero_grad(set_to_none=True)
@@ -100,15 +116,54 @@ def pretrain(policy: Policy, task, cfg: SFTConfig | None = None,
         torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
         opt.step()
         sched.step()
-        if step % cfg.eval_every == 0:
-            short_acc = evaluate_accuracy(policy, task, short).accuracy
-            record = {"step": step, "loss": float(loss), "short_accuracy": short_acc}
-            history.append(record)
-            log.info("sft %s", record)
-            if log_fn:
-                log_fn(record)
-            if short_acc >= cfg.target_short_accuracy:
-                break
+        if step % cfg.eval_every:
+            continue
+        record = {"step": step, "loss": float(loss.detach()), "difficulty_cap": cap}
+        if cap < hi:
+            record["cap_accuracy"] = evaluate_accuracy(policy, task, eval_sets[cap]).accuracy
+            if record["cap_accuracy"] >= cfg.curriculum_threshold:
+                cap += 1
+        else:
+            record["short_accuracy"] = evaluate_accuracy(policy, task, short).accuracy
+        history.append(record)
+        log.info("sft %s", record)
+        if log_fn:
+            log_fn(record)
+        if record.get("short_accuracy", 0.0) >= cfg.target_short_accuracy:
+            break
     model.eval()
-    final = evaluate_accuracy(policy, task, eval_problems)
+    final = evaluate_accuracy(policy, task, [p for ps in eval_sets.values() for p in ps])
     return {"steps": step, "history": history, "accuracy": final.accuracy, "by_difficulty": final.by_difficulty}
+
+
+def default_cache_dir() -> Path:
+    """``$ORRERY_CACHE_DIR`` or ``<tmp>/orrery_cache``: where pretrained tiny policies are kept between runs."""
+    return Path(os.environ.get("ORRERY_CACHE_DIR", Path(tempfile.gettempdir()) / "orrery_cache"))
+
+
+def pretrained_policy(task, model_cfg: GPTConfig, sft_cfg: SFTConfig | None = None, init_seed: int = 0,
+                      cache_dir: str | Path | None = None) -> tuple[Policy, dict]:
+    """A freshly initialised :class:`~algos.gpt.GPT` pretrained with :func:`pretrain`.
+
+    With ``cache_dir`` the result is stored under a hash of all configs and reused, so several test modules or
+    benchmark runs share one SFT model; training is deterministic for fixed seeds, so a cache hit is the same
+    model a fresh run would produce (on the same torch build).
+    """
+    sft_cfg = sft_cfg or SFTConfig()
+    key = hashlib.sha1(repr((task.cfg, model_cfg, sft_cfg, init_seed, torch.__version__)).encode()).hexdigest()[:16]
+    path = Path(cache_dir) / f"sft_{key}.pt" if cache_dir is not None else None
+    torch.manual_seed(init_seed)
+    model = GPT(model_cfg)
+    policy = Policy(model, task.tokenizer)
+    if path is not None and path.exists():
+        saved = torch.load(path, weights_only=False)
+        model.load_state_dict(saved["state_dict"])
+        model.eval()
+        return policy, saved["info"]
+    info = pretrain(policy, task, sft_cfg)
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        torch.save({"state_dict": model.state_dict(), "info": info}, tmp)
+        tmp.replace(path)  # atomic: a concurrent reader never sees a half-written file
+    return policy, info

@@ -4,6 +4,7 @@ from __future__ import annotations
 import logging
 import math
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any, Mapping
@@ -87,3 +88,64 @@ def read_metrics(run_path: str | Path):
     """The run's metrics as a pandas DataFrame sorted by step."""
     table = ParquetStore(Path(run_path) / "metrics").read()
     return table.to_pandas().sort_values("step").reset_index(drop=True)
+
+
+class RayGauges:
+    """Export a metrics dict as Ray gauges, so Prometheus/Grafana see it on every node's metrics endpoint.
+
+    One line per report, from a driver, an actor or a Ray Train worker (rank 0)::
+
+        gauges = RayGauges("orrery_learner", tags={"run": run_id})
+        gauges.set({"updates_per_s": 812.0, "episode_reward": 103.2})   # -> ray_orrery_learner_updates_per_s{run=...}
+
+    Gauges are made on first sight of a key (names sanitised to ``[a-zA-Z0-9_]``); non-numbers are skipped. Ray's
+    metrics agent forgets a gauge that is not set again within two export intervals, so the last values are
+    re-set by a daemon thread until the process ends (``keep_alive=False``: only when ``set`` is called). Outside
+    Ray (``ray.is_initialized()`` false) ``set`` does nothing, so learners can call it unconditionally.
+    """
+
+    def __init__(self, prefix: str, tags: Mapping[str, str] | None = None, description: str = "",
+                 keep_alive: bool = True) -> None:
+        self.prefix = _metric_name(prefix)
+        self.tags = {k: str(v) for k, v in (tags or {}).items()}
+        self.description = description
+        self.keep_alive = keep_alive
+        self.gauges: dict[str, Any] = {}
+        self.last: dict[str, float] = {}
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+
+    def set(self, metrics: Mapping[str, Any]) -> None:
+        import ray
+        if not ray.is_initialized():
+            return
+        from ray.util.metrics import Gauge
+        with self._lock:
+            for key, value in metrics.items():
+                if isinstance(value, bool) or not (isinstance(value, (int, float)) or hasattr(value, "item")):
+                    continue
+                value = float(value)
+                if not math.isfinite(value):
+                    continue
+                name = f"{self.prefix}_{_metric_name(key)}"
+                if name not in self.gauges:
+                    self.gauges[name] = Gauge(name, self.description or key, tag_keys=tuple(self.tags))
+                self.gauges[name].set(value, tags=self.tags)
+                self.last[name] = value
+        if self.keep_alive and self._thread is None:
+            period = max(0.5, ray._config.metrics_report_interval_ms() / 2000)
+            self._thread = threading.Thread(target=self._refresh, args=(period,), daemon=True,
+                                            name=f"{self.prefix}-gauges")
+            self._thread.start()
+
+    def _refresh(self, period: float) -> None:
+        while True:
+            time.sleep(period)
+            with self._lock:
+                for name, value in self.last.items():
+                    self.gauges[name].set(value, tags=self.tags)
+
+
+def _metric_name(name: str) -> str:
+    cleaned = "".join(c if c.isalnum() or c == "_" else "_" for c in name).strip("_")
+    return cleaned if cleaned and not cleaned[0].isdigit() else f"m_{cleaned}"

@@ -170,6 +170,7 @@ class PoolManager:
             lambda: {"requests": 0, "samples": 0, "busy_s": 0.0})
         self.started = time.time()
         self.window: list[tuple[float, int]] = []
+        self.refresher: asyncio.Task | None = None
         self._metrics()
 
     # -- setup ---------------------------------------------------------------------------------------------------
@@ -180,8 +181,8 @@ class PoolManager:
             opts["num_gpus"] = self.cfg.num_gpus
         if self.cfg.resources:
             opts["resources"] = dict(self.cfg.resources)
-        if self.cfg.strategy != "DEFAULT":
-            opts["scheduling_strategy"] = self.cfg.strategy
+        # An explicit strategy also keeps workers out of any placement group of the caller (a Tune trial's).
+        opts["scheduling_strategy"] = self.cfg.strategy
         return PoolWorker.options(**opts).remote(i, self.cfg.torch_threads)
 
     def _metrics(self) -> None:
@@ -200,7 +201,26 @@ class PoolManager:
                                            tag_keys=tags + ("sampler",))
         self.tags = {"pool": self.cfg.name}
 
+    async def _refresh_gauges(self) -> None:
+        """Re-set the gauges periodically: Ray's metrics agent drops a gauge not refreshed within two export
+        intervals, so an idle pool would otherwise vanish from Prometheus (and samples/s would never decay to 0)."""
+        period = max(0.5, ray._config.metrics_report_interval_ms() / 2000)
+        while True:
+            now = time.time()
+            self.window = [(t, k) for t, k in self.window if now - t < 30]
+            span = max(now - self.window[0][0], 1.0) if self.window else 1.0
+            self.m_rate.set(sum(k for _, k in self.window) / span, tags=self.tags)
+            self.m_queue.set(self.counts["queued"], tags=self.tags)
+            for key, (version, _) in self.published.items():
+                self.m_version.set(version, tags={**self.tags, "key": key})
+            await asyncio.sleep(period)
+
+    def _ensure_refresher(self) -> None:
+        if self.refresher is None:
+            self.refresher = asyncio.get_running_loop().create_task(self._refresh_gauges())
+
     async def ready(self) -> dict:
+        self._ensure_refresher()
         await asyncio.gather(*[w.ping.remote() for w in self.workers])
         return {"name": self.cfg.name, "config": asdict(self.cfg)}
 
@@ -315,6 +335,7 @@ class PoolManager:
     async def run(self, sampler: str, config: dict, requests: list[dict], weights_key: str | None = None,
                   affinity: list[int] | None = None):
         """Streaming generator: yields ``(request_index, result)`` as each request finishes."""
+        self._ensure_refresher()
         factory = self.factories.get(sampler)
         if factory is None:
             raise KeyError(f"unknown sampler {sampler!r}; registered: {sorted(self.factories)}")
@@ -366,10 +387,12 @@ class SharedPool:
         """Attach to the pool named ``cfg.name``, creating it (and its workers) if it does not exist yet."""
         cfg = cfg if isinstance(cfg, PoolConfig) else PoolConfig(**(cfg or {}))
         if create:
-            # The manager holds the pool's state: keep it on the head node, which outlives worker nodes.
+            # The manager holds the pool's state: keep it on the head node, which outlives worker nodes. The
+            # explicit strategy keeps it out of the caller's placement group (a Tune trial's, a Train worker's):
+            # the pool belongs to the cluster, not to whoever happened to create it.
             manager = PoolManager.options(name=cfg.name, namespace=NAMESPACE, lifetime="detached",
-                                          get_if_exists=True, resources={HEAD_NODE_RESOURCE: 0.001}
-                                          ).remote(asdict(cfg))
+                                          get_if_exists=True, resources={HEAD_NODE_RESOURCE: 0.001},
+                                          scheduling_strategy="DEFAULT").remote(asdict(cfg))
         else:
             manager = ray.get_actor(cfg.name, namespace=NAMESPACE)
         info = ray.get(manager.ready.remote())

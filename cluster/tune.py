@@ -52,7 +52,7 @@ class SweepConfig:
     max_concurrent: int = 2
     trial_cpus: float = 0.05  # the trial's driver only: its pool requests and learners ask for their own resources
     max_failures: int = 1  # a crashed trial is retried this often, from its last checkpoint
-    keep_checkpoints: int = 2
+    keep_checkpoints: int = 4
     best_scope: Literal["last", "avg", "all", "last-5-avg", "last-10-avg"] = "last"
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     description: str = ""
@@ -81,14 +81,14 @@ def flatten_space(space: dict[str, Any], prefix: str = "") -> dict[str, tuple[st
         where = f"sweep.space.{path}"
         if path.startswith(FIXED_PREFIXES):
             raise ValueError(f"{where}: cannot be swept (one shared pool/cluster per sweep; the sweep names runs)")
-        if isinstance(value, dict) and len(value) == 1 and next(iter(value)) in KINDS:
+        if isinstance(value, dict) and value and all(isinstance(v, dict) for v in value.values()):
+            out.update(flatten_space(value, f"{path}."))  # a section of the config, e.g. experiment:
+        elif isinstance(value, dict) and len(value) == 1 and next(iter(value)) in KINDS:
             kind, args = next(iter(value.items()))
             out[path] = (kind, _check_leaf(kind, args, where))
-        elif isinstance(value, dict) and not (set(value) & set(KINDS)):
-            out.update(flatten_space(value, f"{path}."))
         else:
-            raise ValueError(f"{where}: expected one of {{{', '.join(KINDS)}}}: [...] or a nested mapping, "
-                             f"got {value!r}")
+            raise ValueError(f"{where}: expected {{kind: [...]}} with kind one of {', '.join(KINDS)}, "
+                             f"or a nested mapping; got {value!r}")
     return out
 
 
@@ -203,7 +203,7 @@ def plot_trials(table, metric: str, path: str | Path, params: list[str], title: 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     fig, ax = plt.subplots(figsize=(7, 4.2))
-    for trial_id, df in table.groupby("trial_id"):
+    for trial_id, df in (table.groupby("trial_id") if "trial_id" in table else []):
         if metric not in df:
             continue
         label = " ".join(f"{k.rsplit('.', 1)[-1]}={_short(df[f'config/{k}'].iloc[0])}" for k in params)

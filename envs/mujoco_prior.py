@@ -72,7 +72,7 @@ class PriorTerms:
 
 
 def prior_terms(model: mujoco.MjModel, data: mujoco.MjData, ctrl: np.ndarray | None = None) -> PriorTerms:
-    """Run ``mj_forward`` at ``data``'s (qpos, qvel) with ``ctrl`` (default: ``data.ctrl``) and return equation (1)'s terms.
+    """``mj_forward`` at ``data``'s (qpos, qvel) with ``ctrl`` (default: ``data.ctrl``); equation (1)'s terms.
 
     ``constraint`` is MuJoCo's own solution, which the world model does not get; it is returned for checks.
     """
@@ -137,7 +137,7 @@ def euler_velocity_update(model: mujoco.MjModel, terms: PriorTerms, qvel: np.nda
 
 @dataclass(frozen=True)
 class PositionLayout:
-    """How qvel integrates into qpos: linear coordinates (hinge, slide, free translation) and quaternions (free, ball)."""
+    """How qvel integrates into qpos: linear coordinates (hinge, slide, free translation), quaternions (free, ball)."""
 
     linear_qpos: tuple[int, ...]
     linear_qvel: tuple[int, ...]
@@ -226,3 +226,29 @@ class MujocoPrior:
         return (torch.as_tensor(minv_h, dtype=qpos.dtype, device=qpos.device),
                 torch.as_tensor(force, dtype=qpos.dtype, device=qpos.device))
 
+
+
+class PendulumPrior:
+    """The same ``RigidBodyPrior`` interface for Pendulum-v1 (not MuJoCo), from its closed-form dynamics.
+
+    A uniform rod about its end: M = m l²/3, bias c = −(m g l/2) sin θ, actuator = clip(u, ±max_torque), one Euler
+    step of ``dt``; state qpos = [θ], qvel = [θ̇]. gymnasium also clips θ̇' to ±max_speed, which the residual absorbs.
+    Parameters are copied at construction, so the prior stays nominal when the env is changed later.
+    """
+
+    nq = nv = nu = 1
+    n_substeps = 1
+    linear_qpos = linear_qvel = (0,)
+    quaternion_qpos = quaternion_qvel = translation_qpos = ()
+
+    def __init__(self, env) -> None:
+        base = env.unwrapped
+        self.mass, self.length, self.gravity = float(base.m), float(base.l), float(base.g)
+        self.max_torque, self.timestep = float(base.max_torque), float(base.dt)
+
+    def terms(self, qpos: torch.Tensor, qvel: torch.Tensor, action: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        inertia = self.mass * self.length ** 2 / 3.0
+        torque = action[..., :1].detach().clamp(-self.max_torque, self.max_torque)
+        force = torque + 0.5 * self.mass * self.gravity * self.length * torch.sin(qpos[..., :1].detach())
+        minv_h = torch.full((*qpos.shape[:-1], 1, 1), 1.0 / inertia, dtype=qpos.dtype, device=qpos.device)
+        return minv_h, force.to(qpos.dtype)

@@ -3,15 +3,20 @@
 A problem is a short program over single-letter variables, e.g. (modulus 10)::
 
     prompt   a=7;b=5;c=a+b;d=c*b;?d\n
-    response c=a+b=7+5=2\n
-             d=c*b=2*5=0\n
+    response c=a+b:7+5;c=2\n
+             d=c*b:2*5;d=0\n
              ans=0<eos>
 
 Each response line is one reasoning step (steps end at the newline delimiter; the prompt is step 0). A line copies
-its symbolic definition from the prompt, then copies its operand *values* from the lines (or prompt inputs) that
-defined them, so a later step that consumes variable ``c`` has to look back at the line that computed ``c``. That
-makes the true influence of every step known (:func:`step_influence`), which is what the FCI scores of AttnRL are
-checked against. Difficulty is the number of computation steps. Reward is exact match of the final ``ans=`` line.
+its symbolic definition from the prompt, then copies its operand *values* from where they were defined, and ends
+with its own result written ``name=value`` exactly like an input of the prompt. A value is defined in one place
+only (the prompt for inputs, the step's own line otherwise), so a later step that consumes ``c`` has to look back
+at the line that computed ``c``: the true influence of every step is known (:func:`step_influence`), which is what
+AttnRL's FCI scores are checked against. Difficulty is the number of computation steps. Reward is exact match of
+the final ``ans=`` line.
+
+The layout is chosen so that a two-layer transformer learns it in a few hundred steps: every value definition is
+``name=value`` (name two tokens before the value) and every value use sits three tokens after the operand's name.
 """
 
 from __future__ import annotations
@@ -22,6 +27,8 @@ from dataclasses import dataclass, field
 OPS = {"+": lambda x, y: x + y, "-": lambda x, y: x - y, "*": lambda x, y: x * y}
 ANSWER_PREFIX = "ans="
 DELIMITER = "\n"
+VALUES_MARK = ":"  # separates a step's definition from its operand values
+ASSIGN_MARK = ";"  # precedes the step's result, written ``name=value`` like the prompt's inputs
 VARIABLE_NAMES = "abcdefghijklmnopqrstuvwxyz"
 
 
@@ -29,8 +36,9 @@ VARIABLE_NAMES = "abcdefghijklmnopqrstuvwxyz"
 class ReasoningTaskConfig:
     """Distribution of programs.
 
-    ``recency_bias`` is the probability that an operand is the most recently defined variable (long dependency
-    chains); otherwise it is drawn uniformly from all earlier variables (fan-out, unused distractor steps).
+    Each step combines two distinct earlier variables. ``recency_bias`` is the probability that one of them is the
+    most recently defined variable (long dependency chains); otherwise both are drawn uniformly from all earlier
+    variables (fan-out, unused distractor steps).
     Values are written zero-padded to a fixed width so every step line has the same length.
     """
 
@@ -45,8 +53,8 @@ class ReasoningTaskConfig:
         if not 1 <= self.min_steps <= self.max_steps:
             raise ValueError(f"min_steps/max_steps must satisfy 1 <= min_steps <= max_steps, got {self.min_steps}, "
                              f"{self.max_steps}")
-        if self.num_inputs < 1:
-            raise ValueError(f"num_inputs must be >= 1, got {self.num_inputs}")
+        if self.num_inputs < 2:
+            raise ValueError(f"num_inputs must be >= 2 (steps combine two distinct variables), got {self.num_inputs}")
         if self.num_inputs + self.max_steps > len(VARIABLE_NAMES):
             raise ValueError(f"num_inputs + max_steps must be <= {len(VARIABLE_NAMES)} (one letter per variable)")
         if self.modulus < 2:
@@ -102,7 +110,8 @@ class Problem:
         lines = []
         for s in self.steps:
             lhs, rhs = self.fmt(self.values[s.left]), self.fmt(self.values[s.right])
-            lines.append(f"{s.target}={s.left}{s.op}{s.right}={lhs}{s.op}{rhs}={self.fmt(self.values[s.target])}")
+            lines.append(f"{s.target}={s.left}{s.op}{s.right}{VALUES_MARK}{s.left}{lhs}{s.op}{s.right}{rhs}"
+                         f"{ASSIGN_MARK}{s.target}={self.fmt(self.values[s.target])}")
         lines.append(ANSWER_PREFIX + self.fmt(self.answer))
         return lines
 
@@ -126,9 +135,12 @@ def sample_problem(cfg: ReasoningTaskConfig, rng: random.Random, difficulty: int
     defined = [name for name, _ in inputs]
     steps = []
     for _ in range(num_steps):
-        def operand() -> str:
-            return defined[-1] if rng.random() < cfg.recency_bias else rng.choice(defined)
-        left, right, op, target = operand(), operand(), rng.choice(cfg.ops), next(names)
+        # Distinct operands: "x-x" would make a step's value independent of its inputs.
+        left = defined[-1] if rng.random() < cfg.recency_bias else rng.choice(defined)
+        right = rng.choice([v for v in defined if v != left])
+        if rng.random() < 0.5:
+            left, right = right, left
+        op, target = rng.choice(cfg.ops), next(names)
         values[target] = OPS[op](values[left], values[right]) % cfg.modulus
         steps.append(Step(target, left, op, right))
         defined.append(target)
@@ -173,7 +185,7 @@ class CharTokenizer:
     PAD, EOS = "<pad>", "<eos>"
 
     def __init__(self, alphabet: str | None = None) -> None:
-        alphabet = alphabet or VARIABLE_NAMES + "0123456789" + "=;?" + "".join(OPS) + DELIMITER
+        alphabet = alphabet or VARIABLE_NAMES + "0123456789" + "=;:?" + "".join(OPS) + DELIMITER
         self.itos = [self.PAD, self.EOS] + sorted(set(alphabet))
         self.stoi = {s: i for i, s in enumerate(self.itos)}
         self.pad_id, self.eos_id = 0, 1
@@ -203,9 +215,12 @@ class ReasoningTask:
     def reward(self, problem: Problem, response: str, finished: bool = True) -> float:
         return reward(problem, response, finished)
 
+    def influence(self, problem: Problem, transitive: bool = True) -> list[int]:
+        return step_influence(problem, transitive)
+
     def max_response_chars(self, difficulty: int | None = None) -> int:
         """Length of the longest reference response (+1 for the end token), a safe generation cap."""
         steps = self.cfg.max_steps if difficulty is None else difficulty
         w = self.cfg.value_width
-        line = 5 + 1 + 2 * w + 1 + 1 + w + 1  # c=a+b = xx+yy = zz \n
+        line = 5 + 1 + 2 * (1 + w) + 1 + 1 + 2 + w + 1  # c=a+b : axx+byy ; c= zz \n
         return steps * line + len(ANSWER_PREFIX) + w + 1

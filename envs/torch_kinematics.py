@@ -46,7 +46,8 @@ class TorchKinematics:
         as64 = lambda a: torch.as_tensor(np.array(a), dtype=torch.float64)  # noqa: E731
         self.nbody = model.nbody
         self.parent = [int(p) for p in model.body_parentid]
-        self.body_pos, self.body_quat, self.body_ipos = as64(model.body_pos), as64(model.body_quat), as64(model.body_ipos)
+        self.body_pos, self.body_quat = as64(model.body_pos), as64(model.body_quat)
+        self.body_ipos = as64(model.body_ipos)
         self.body_mass = as64(model.body_mass)
         self.qpos0 = as64(model.qpos0)
         self.joints = [

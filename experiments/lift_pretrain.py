@@ -344,6 +344,7 @@ def run(cfg: dict, ctx) -> dict[str, Any]:
         "task": TASKS[task], "env_steps": int(df["env_steps"].iloc[-1]), "updates": int(df["updates"].iloc[-1]),
         "final_eval_return": float(ev["eval_return"].iloc[-1]) if len(ev) else None,
         "best_eval_return": float(ev["eval_return"].max()) if len(ev) else None,
+        "first_eval_return": float(ev["eval_return"].iloc[0]) if len(ev) else None,
         "wall_s": float(df["wall_s"].iloc[-1]), "train_workers": ctx.typed["train"].num_workers,
         "param_max_abs_diff": float(df["param_max_abs_diff"].dropna().iloc[-1]) if "param_max_abs_diff" in df else None,
         "policy": str(ctx.run_dir.path / "policy.pt"), "replay": str(ctx.run_dir.path / "data"),

@@ -87,7 +87,7 @@ def run_trial(params: dict[str, Any], base: list[str], sweep_path: str, experime
         commit = journal.restore(run_path, record) if same_run else journal.clone(record, run_path)
         restored_step = commit.step
     # A retry without a checkpoint (a learner reports through Ray Train) resumes the run directory as it is.
-    resume = (run_path / "config.yaml").exists()
+    resume = restored_step is not None or (run_path / "config.yaml").exists()
     run_path.mkdir(parents=True, exist_ok=True)
     with open(run_path / "attempts.jsonl", "a") as fh:
         fh.write(json.dumps({"time": time.time(), "pid": os.getpid(), "host": socket.gethostname(),

@@ -78,11 +78,14 @@ class LocalNode:
 
     # -- start -----------------------------------------------------------------------------------------------------
     @classmethod
-    def head(cls, temp_dir: str | Path, *, num_cpus: float = 2, num_gpus: int | None = None,
+    def head(cls, temp_dir: str | Path, *, num_cpus: int = 2, num_gpus: int | None = None,
              resources: dict[str, float] | None = None, token: str | None = None,
-             object_store_mb: int = 256, env: dict[str, str] | None = None, timeout_s: float = 90.0) -> "LocalNode":
+             object_store_mb: int = 256, env: dict[str, str] | None = None, timeout_s: float = 120.0) -> "LocalNode":
         """Start a head node with a dashboard on 127.0.0.1 and wait until its dashboard answers."""
-        ports = {name: free_port() for name in _HEAD_PORTS + _NODE_PORTS}
+        ports = {name: free_port() for name in _HEAD_PORTS + _NODE_PORTS + ("dashboard_metrics", "autoscaler_metrics")}
+        # The head's own metrics servers have fixed default ports (44227, 44217): give them free ones too.
+        env = {"DASHBOARD_METRIC_PORT": str(ports["dashboard_metrics"]),
+               "AUTOSCALER_METRIC_PORT": str(ports["autoscaler_metrics"]), **(env or {})}
         args = ["--head", f"--port={ports['gcs']}", "--include-dashboard=true", "--dashboard-host=127.0.0.1",
                 f"--dashboard-port={ports['dashboard']}", f"--ray-client-server-port={ports['ray_client_server']}"]
         node = cls._start(temp_dir, args, ports, f"127.0.0.1:{ports['gcs']}", num_cpus, num_gpus, resources, token,
@@ -94,9 +97,9 @@ class LocalNode:
         return node
 
     @classmethod
-    def worker(cls, head: "LocalNode", temp_dir: str | Path, *, num_cpus: float = 1, num_gpus: int | None = None,
+    def worker(cls, head: "LocalNode", temp_dir: str | Path, *, num_cpus: int = 1, num_gpus: int | None = None,
                resources: dict[str, float] | None = None, object_store_mb: int = 256,
-               timeout_s: float = 90.0) -> "LocalNode":
+               timeout_s: float = 120.0) -> "LocalNode":
         """Join ``head`` as another node (its own temp dir and ports); returns once the cluster lists it."""
         ports = {name: free_port() for name in _NODE_PORTS}
         before = head.alive_nodes()
@@ -108,7 +111,7 @@ class LocalNode:
 
     @classmethod
     def _start(cls, temp_dir: str | Path, args: list[str], ports: dict[str, int], head_address: str,
-               num_cpus: float, num_gpus: int | None, resources: dict[str, float] | None, token: str | None,
+               num_cpus: int, num_gpus: int | None, resources: dict[str, float] | None, token: str | None,
                object_store_mb: int, extra_env: dict[str, str] | None) -> "LocalNode":
         temp_dir = Path(temp_dir).resolve()
         if len(str(temp_dir)) > 40:

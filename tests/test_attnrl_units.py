@@ -1,0 +1,271 @@
+"""Hand-computed checks of the AttnRL pieces: FCI, ATB, tree advantages, ADS formulas, off-policy ordering."""
+
+import math
+import random
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from algos.attnrl import (OffPolicyScheduler, PromptTree, Branch, RLConfig, RunningMean, adaptive_batch_size,
+                          adaptive_expansion, expansion_count, fci_scores, responses_to_expand,
+                          select_branch_points, train, training_paths, tree_advantages)
+from algos.gpt import GPT, GPTConfig
+from algos.lm import Policy, aggregate_step_attention, generate, response_step_ids
+from algos.pg_losses import grpo_advantages, low_var_kl, ppo_clip_loss, select_entropy_branch_points
+
+torch.set_num_threads(1)
+
+# Token attention of one head over 6 tokens; steps: prompt = tokens 0-1, step 1 = token 2, step 2 = tokens 3-4,
+# step 3 = token 5. Rows are causal and sum to 1.
+TOKEN_ATTENTION = torch.tensor([
+    [1.0, 0.0, 0.0, 0.0, 0.0, 0.0],
+    [0.5, 0.5, 0.0, 0.0, 0.0, 0.0],
+    [0.2, 0.2, 0.6, 0.0, 0.0, 0.0],
+    [0.1, 0.1, 0.4, 0.4, 0.0, 0.0],
+    [0.0, 0.2, 0.4, 0.2, 0.2, 0.0],
+    [0.1, 0.1, 0.2, 0.3, 0.1, 0.2],
+])
+STEP_IDS = [0, 0, 1, 2, 2, 3]
+
+
+def test_step_attention_is_mean_over_query_and_key_tokens():
+    alpha = aggregate_step_attention([TOKEN_ATTENTION[None]], STEP_IDS)[0, 0]
+    expected = {(1, 0): 0.2, (2, 0): 0.1, (2, 1): 0.4, (2, 2): 0.2, (3, 0): 0.1, (3, 1): 0.2, (3, 2): 0.2,
+                (3, 3): 0.2, (0, 1): 0.0}
+    for (j, k), v in expected.items():
+        assert alpha[j, k].item() == pytest.approx(v), (j, k)
+
+
+def test_fci_delta_cutoff_prompt_zeroing_and_max_over_layers_and_heads():
+    alpha = torch.zeros(2, 2, 4, 4)
+    alpha[0, 0] = aggregate_step_attention([TOKEN_ATTENTION[None]], STEP_IDS)[0, 0]  # y = [., .6, .2, 0]
+    alpha[0, 1, 3, 2] = 0.7  # y_2 = .7
+    alpha[1, 0, 2, 1] = alpha[1, 0, 3, 1] = 0.1  # y_1 = .2
+    alpha[1, 1, 1, 0] = 0.9  # attention to the prompt is never a score
+    assert fci_scores(alpha, delta=1).tolist() == pytest.approx([0.0, 0.6, 0.7, 0.0])
+    assert fci_scores(alpha, delta=1, zero_first_step=True).tolist() == pytest.approx([0.0, 0.0, 0.7, 0.0])
+    # delta = 2: only step 3 -> step 1 counts (0.2 from head (0, 0), 0.1 from head (1, 0)).
+    assert fci_scores(alpha, delta=2).tolist() == pytest.approx([0.0, 0.2, 0.0, 0.0])
+    with pytest.raises(ValueError):
+        fci_scores(alpha, delta=0)
+
+
+def test_response_steps_end_at_delimiters_and_eos_stays_with_its_step():
+    nl, eos = 9, 1
+    assert response_step_ids([5, 6, nl, 7, nl, 8, eos], frozenset({nl}), eos) == [1, 1, 1, 2, 2, 3, 3]
+    assert response_step_ids([5, nl, eos], frozenset({nl}), eos) == [1, 1, 1]
+    assert response_step_ids([eos], frozenset({nl}), eos) == [1]
+
+
+SCORES = [0.0, 0.1, 0.9, 0.3, 0.8, 0.05, 0.7, 0.2, 0.1, 0.6, 0.4]  # prompt + 10 response steps
+STARTS = [0, 5, 10, 15, 20, 25, 30, 35, 40, 45]  # 5 tokens per step
+
+
+def test_branch_points_top_quantile_earliest_first():
+    # 0.8-quantile of the 10 response scores = 0.7 + 0.2 * (0.8 - 0.7) = 0.72 -> steps 2 (0.9) and 4 (0.8).
+    assert select_branch_points(SCORES, STARTS, num_points=2, rho=0.2) == [5, 15]
+    # rho = 0.3: threshold 0.63 -> steps 2, 4, 6; N = 2 takes the two earliest.
+    assert select_branch_points(SCORES, STARTS, num_points=2, rho=0.3) == [5, 15]
+    assert select_branch_points(SCORES, STARTS, num_points=3, rho=0.3) == [5, 15, 25]
+
+
+def test_branch_points_spacing_and_fallback_fill():
+    # distance 6: step 2 (offset 5) is too close to the response start; steps 4 and 6 are 10 apart.
+    assert select_branch_points(SCORES, STARTS, num_points=2, rho=0.3, min_token_distance=6) == [15, 25]
+    # distance 12: only step 4 passes; the earliest remaining step (2) fills up without a distance check.
+    assert select_branch_points(SCORES, STARTS, num_points=2, rho=0.3, min_token_distance=12) == [5, 15]
+    # threshold 0 -> smallest positive score (step 4) is the only candidate; step 2 fills.
+    sparse = [0.0, 0.0, 0.0, 0.0, 0.5, 0.0, 0.0, 0.0]
+    assert select_branch_points(sparse, STARTS[:7], num_points=2, rho=0.2) == [5, 15]
+    # never the first response step, and nothing for a one-step response
+    assert select_branch_points([0.0, 1.0, 0.0], [0, 5], num_points=2) == [5]
+    assert select_branch_points([0.0, 1.0], [0], num_points=2) == []
+
+
+def test_entropy_branch_points():
+    ent = [9.0, 0.1, 0.8, 0.2, 0.7, 0.6, 0.05, 5.0]  # offset 0 and the last token are never chosen
+    assert select_entropy_branch_points(ent, 2) == [2, 4]
+    # distance 3: offset 2 is too close to the start, 5 and 6 too close to 4
+    assert select_entropy_branch_points(ent, 2, min_token_distance=3) == [4]
+
+
+def _hand_tree() -> PromptTree:
+    """Original (10 tokens) cut at 3 and 7; two continuations from each cut; plus two unexpanded responses."""
+    tree = PromptTree([100, 101])
+    original = list(range(10))
+    tree.add_response(original, [-0.1 * i for i in range(10)], reward=1.0, continuations={
+        3: [Branch([20, 21], [-1.0, -1.0], 0.0), Branch([22], [-2.0], 1.0)],
+        7: [Branch([30], [-3.0], 0.0), Branch([31, 32], [-4.0, -4.0], 1.0)],
+    })
+    tree.add_response([40, 41], [-0.5, -0.5], reward=0.0)
+    tree.add_response([50], [-0.5], reward=1.0)
+    return tree
+
+
+def test_tree_values_and_advantages_by_hand():
+    tree = _hand_tree()
+    # nodes: 0 root, 1 A=[0,3), 2 B=[3,7), 3 C1, 4 C2, 5 D=[7,10), 6 E1, 7 E2, 8 U1, 9 U2
+    assert [n.parent for n in tree.nodes] == [None, 0, 1, 1, 1, 2, 2, 2, 0, 0]
+    count, value = tree.leaf_counts_and_values()
+    assert count[:3] == [7, 5, 3]
+    assert value[:3] == pytest.approx([4 / 7, 3 / 5, 2 / 3])
+    adv = tree_advantages(tree)
+    expected = [0.0, 2 * (3 / 5 - 4 / 7) / math.sqrt(5), ((2 / 3 - 4 / 7) + (2 / 3 - 3 / 5)) / math.sqrt(3),
+                -41 / 35, 29 / 35, 16 / 21, -26 / 21, 16 / 21]
+    assert adv[:8] == pytest.approx(expected)
+
+
+def test_training_paths_replicate_prefixes_and_drop_unexpanded():
+    tree = _hand_tree()
+    adv = tree_advantages(tree)
+    paths = training_paths(tree)
+    assert len(paths) == 5  # the two unexpanded responses only count in V(root)
+    by_tokens = {tuple(p.response_ids): p for p in paths}
+    e1 = by_tokens[(0, 1, 2, 3, 4, 5, 6, 30)]
+    assert e1.advantages == pytest.approx([adv[1]] * 3 + [adv[2]] * 4 + [adv[6]])
+    assert e1.old_logprobs == pytest.approx([-0.1 * i for i in range(7)] + [-3.0])
+    assert e1.reward == 0.0 and e1.prompt_ids == [100, 101]
+    assert by_tokens[(0, 1, 2, 22)].advantages == pytest.approx([adv[1]] * 3 + [adv[4]])
+    assert tuple(range(10)) in by_tokens
+    assert len(training_paths(tree, drop_unexpanded=False)) == 7
+
+
+def test_expansion_table_ceil_and_round():
+    assert [expansion_count(6, k / 6) for k in range(7)] == [6, 6, 5, 4, 4, 3, 3]
+    assert [expansion_count(6, k / 6, "round") for k in range(7)] == [6, 5, 4, 4, 3, 3, 2]
+
+
+def test_responses_to_expand_minority_first():
+    rng = random.Random(0)
+    chosen = responses_to_expand([True, False, False, True, False, False], num_trees=5, rng=rng)
+    assert len(chosen) == 5 and {0, 3} <= set(chosen)  # both correct (minority) responses
+    chosen = responses_to_expand([True, True, False, True, True, True], num_trees=3, rng=rng)
+    assert len(chosen) == 3 and 2 in chosen
+
+
+def test_attention_filter_on_solved_problems():
+    solved = RunningMean()
+    solved.update([0.2, 0.4])  # running mean 0.3
+    rng = random.Random(0)
+    assert adaptive_expansion([True] * 6, 0.5, solved, rng) == [0, 1, 2]  # ceil(6 / e) = 3 trees
+    assert adaptive_expansion([True] * 6, 0.3, solved, rng) == []  # not above the mean: not gathered
+    assert adaptive_expansion([True] * 6, 0.1, None, rng) == [0, 1, 2]  # filter off
+    assert adaptive_expansion([False] * 6, 0.0, solved, rng) == list(range(6))
+
+
+def test_adaptive_batch_size_formula():
+    assert adaptive_batch_size(8, valid=120, target=240) == 9  # ceil(0.1 * 8 * 2 + 7.2) = ceil(8.8)
+    assert adaptive_batch_size(8, valid=480, target=240) == 8  # ceil(0.1 * 8 * 0.5 + 7.2) = ceil(7.6)
+    assert adaptive_batch_size(10, valid=240, target=240) == 10
+    assert adaptive_batch_size(8, valid=0, target=240, max_size=32) == 32
+    assert adaptive_batch_size(2, valid=10_000, target=240, min_size=2) == 2
+
+
+def test_ppo_clip_loss_by_hand():
+    lp = torch.tensor([[math.log(1.5), math.log(0.5), 0.0]], requires_grad=True)
+    old = torch.zeros(1, 3)
+    adv = torch.tensor([[1.0, -1.0, 2.0]])
+    mask = torch.tensor([[1.0, 1.0, 0.0]])
+    loss, m = ppo_clip_loss(lp, old, adv, mask, kl_coef=0.0)
+    # token 1: ratio 1.5, A > 0 -> clipped at 1.28; token 2: ratio 0.5, A < 0 -> clipped at 0.8 -> -(-0.8)
+    assert loss.item() == pytest.approx((-1.28 + 0.8) / 2)
+    assert m["clip_fraction"] == pytest.approx(1.0)
+    loss.backward()
+    assert lp.grad.abs().sum().item() == 0.0  # both tokens clipped -> no gradient
+    ref = torch.tensor([[0.0, 0.0, 0.0]])
+    r = -math.log(1.5)
+    assert low_var_kl(torch.tensor([math.log(1.5)]), torch.tensor([0.0])).item() == pytest.approx(
+        math.exp(r) - r - 1)
+    loss_kl, m_kl = ppo_clip_loss(lp.detach(), old, adv, mask, ref, kl_coef=0.5)
+    kl = ((math.exp(r) - r - 1) + (2 - math.log(2) - 1)) / 2
+    assert m_kl["kl_ref"] == pytest.approx(kl)
+    assert loss_kl.item() == pytest.approx((-1.28 + 0.8) / 2 + 0.5 * kl)
+
+
+def test_grpo_advantages():
+    adv = grpo_advantages(torch.tensor([[1.0, 0.0, 0.0, 1.0], [1.0, 1.0, 1.0, 1.0]]))
+    s = math.sqrt(1 / 3)  # unbiased std of (1, 0, 0, 1)
+    assert adv[0].tolist() == pytest.approx([0.5 / s, -0.5 / s, -0.5 / s, 0.5 / s], rel=1e-4)
+    assert adv[1].tolist() == [0.0] * 4
+
+
+def test_off_policy_scheduler_ordering():
+    sched = OffPolicyScheduler(off_policy=True)
+    calls = []
+    for m in range(4):
+        calls.append(sched.next_call())
+        if calls[-1].continuation_batch is not None:
+            sched.record_update()
+    calls.append(sched.next_call(start_new_batch=False))
+    sched.record_update()
+    assert sched.next_call(start_new_batch=False) is None
+    assert [(c.policy_version, c.initial_batch, c.continuation_batch) for c in calls] == [
+        (0, 0, None), (0, 1, 0), (1, 2, 1), (2, 3, 2), (3, None, 3)]
+    # continuations of batch m are sampled after update m - 1; its originals one update earlier
+    for c in calls[1:]:
+        assert c.policy_version == c.continuation_batch
+
+    sched = OffPolicyScheduler(off_policy=False)
+    seen = []
+    for _ in range(4):
+        c = sched.next_call()
+        seen.append((c.policy_version, c.initial_batch, c.continuation_batch))
+        if c.continuation_batch is not None:
+            sched.record_update()
+    assert seen == [(0, 0, None), (0, None, 0), (1, 1, None), (1, None, 1)]
+
+
+class _ParityTask:
+    """Stand-in task for driver bookkeeping: reward = parity of the number of 'a' in the response."""
+
+    def __init__(self):
+        self.prompt = "a=1;?a\n"
+
+    def sample(self, rng, n):
+        return [SimpleNamespace(prompt=self.prompt, difficulty=1) for _ in range(n)]
+
+    def reward(self, problem, text, finished=True):
+        return float(text.count("a") % 2 == 0)
+
+    def max_response_chars(self):
+        return 10
+
+
+def _checksum(model):
+    return sum(float(p.detach().double().sum()) for p in model.parameters())
+
+
+@pytest.mark.parametrize("off_policy", [True, False])
+def test_driver_samples_continuations_with_the_weights_after_the_previous_update(off_policy):
+    from envs.reasoning import CharTokenizer
+
+    tok = CharTokenizer()
+    torch.manual_seed(0)
+    policy = Policy(GPT(GPTConfig(vocab_size=tok.vocab_size, n_layer=1, n_head=2, n_embd=16, block_size=32)), tok)
+    ref = Policy(GPT(GPTConfig(vocab_size=tok.vocab_size, n_layer=1, n_head=2, n_embd=16, block_size=32)), tok)
+    ref.model.load_state_dict(policy.model.state_dict())
+    calls, after_update = [], [_checksum(policy.model)]
+
+    def recording_generate(pol, requests, *args):
+        rollouts = generate(pol, requests, *args)
+        calls.append({"weights": _checksum(pol.model), "kinds": {r.tag[0] for r in requests},
+                      "tokens": sum(len(r.generated_ids) for r in rollouts)})
+        return rollouts
+
+    cfg = RLConfig(prompts_per_batch=2, samples_per_prompt=4, max_updates=3, lr=1e-2, off_policy=off_policy,
+                   token_budget=10_000, seed=1)
+    out = train("attnrl", policy, ref, _ParityTask(), cfg, generate_fn=recording_generate,
+                log_fn=lambda m: after_update.append(_checksum(policy.model)))
+    assert out["updates"] == 3
+    assert len(set(after_update)) == 4  # every update changed the weights
+    continuation_calls = [c for c in calls if "cont" in c["kinds"]]
+    assert len(continuation_calls) == 3
+    for m, c in enumerate(continuation_calls):
+        assert c["weights"] == after_update[m]  # batch m's continuations: weights after update m - 1
+    if off_policy:
+        assert [c["kinds"] for c in calls] == [{"init"}, {"init", "cont"}, {"init", "cont"}, {"cont"}]
+    else:
+        assert [c["kinds"] for c in calls] == [{"init"}, {"cont"}] * 3
+        assert all(a["weights"] == b["weights"] for a, b in zip(calls[::2], calls[1::2]))
+    assert out["generated_tokens"] == sum(c["tokens"] for c in calls)

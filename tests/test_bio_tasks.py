@@ -1,0 +1,219 @@
+"""Task data and reward oracles: molecules (MOSES + RDKit), DNA (JASPAR motif proxy), protein (ProtParam proxy)."""
+
+from __future__ import annotations
+
+import pickle
+
+import numpy as np
+import pytest
+import torch
+
+from envs.dna import (
+    DNA_VOCAB,
+    EVAL_RELEASE,
+    MotifProxyReward,
+    dna_to_tokens,
+    gc_content,
+    generate_dna_corpus,
+    kmer_correlation,
+    load_liver_pfms,
+    tokens_to_dna,
+)
+from envs.molecules import (
+    MoleculeReward,
+    load_moses_smiles,
+    make_molecule_dataset,
+    molecule_metrics,
+    tanimoto_diversity,
+    parse_molecule,
+    tokens_to_smiles,
+)
+from envs.protein import (
+    PROTEIN_VOCAB,
+    BetaSheetProxyReward,
+    hamming_diversity,
+    protein_tokens,
+    read_fasta,
+    tokens_to_protein,
+    write_synthetic_fasta,
+)
+from envs.sequences import Vocab, build_vocab
+
+torch.set_num_threads(1)
+
+
+# --------------------------------------------------------------------------------------------------
+# Shared vocabulary utilities
+# --------------------------------------------------------------------------------------------------
+
+
+def test_vocab_roundtrip_padding_and_errors():
+    vocab = build_vocab([["b", "a", "a"], ["c"]], pad="<p>")
+    assert vocab.symbols == ("a", "b", "c", "<p>") and vocab.pad_id == 3
+    tokens = vocab.encode_batch([["a", "c"], ["b"]], length=4)
+    assert tokens.tolist() == [[0, 2, 3, 3], [1, 3, 3, 3]]
+    assert vocab.decode_batch(tokens) == [["a", "c"], ["b"]]
+    with pytest.raises(ValueError, match="unknown"):
+        vocab.encode(["z"])
+    with pytest.raises(ValueError, match="longer"):
+        vocab.encode(["a"] * 5, length=4)
+    with pytest.raises(ValueError, match="outside"):
+        vocab.decode([4])  # the diffusion mask id is not a symbol
+    with pytest.raises(ValueError, match="duplicates"):
+        Vocab(("a", "a"))
+
+
+# --------------------------------------------------------------------------------------------------
+# Molecules
+# --------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def molecule_data():
+    return make_molecule_dataset(n_train=400, n_heldout=100, max_len=40)
+
+
+def test_moses_subset_tokenises_and_roundtrips(molecule_data):
+    data = molecule_data
+    assert data.train_tokens.shape[1] == 40 and len(data.train_tokens) > 300
+    assert data.vocab.pad == "[nop]" and "[C]" in data.vocab.symbols
+    decoded = tokens_to_smiles(data.train_tokens[:50], data.vocab)
+    for original, roundtrip in zip(data.train_smiles[:50], decoded):
+        a, b = parse_molecule(original), parse_molecule(roundtrip)
+        assert a is not None and b is not None
+        from rdkit import Chem
+
+        assert Chem.MolToSmiles(a) == Chem.MolToSmiles(b)
+    assert set(data.heldout_smiles).isdisjoint(load_moses_smiles(400, "train"))
+
+
+def test_molecule_rewards_match_rdkit_and_floor_bad_input(molecule_data):
+    from rdkit import Chem
+    from rdkit.Chem import QED
+
+    qed = MoleculeReward(molecule_data.vocab, "qed")
+    smiles = ["c1ccccc1O", "CC(=O)Nc1ccc(O)cc1", "", "not a molecule", "C1CC"]
+    rewards, info = qed(smiles)
+    assert rewards[0] == pytest.approx(QED.qed(Chem.MolFromSmiles("c1ccccc1O")))
+    assert rewards[1] == pytest.approx(QED.qed(Chem.MolFromSmiles("CC(=O)Nc1ccc(O)cc1")))
+    assert rewards[2] == rewards[3] == rewards[4] == 0.0
+    assert info == {"n_queries": 5, "n_valid": 2, "n_empty": 1, "n_invalid": 2, "n_errors": 0}
+
+    sa = MoleculeReward(kind="sa")
+    composite = MoleculeReward(kind="composite", sa_weight=0.5)
+    (sa_value,), _ = sa(["CC(=O)Nc1ccc(O)cc1"])
+    (comp_value,), _ = composite(["CC(=O)Nc1ccc(O)cc1"])
+    raw_sa = 10.0 - 9.0 * sa_value
+    assert 1.0 <= raw_sa < 3.0  # paracetamol is easy to make
+    assert comp_value == pytest.approx(rewards[1] - 0.5 * (raw_sa - 1.0) / 9.0)
+    (floor,), _ = composite([""])
+    assert floor == -0.5
+
+    # token ids outside the vocabulary (e.g. a leftover mask) are counted as errors, never raised
+    bad_tokens = torch.full((2, 40), molecule_data.vocab.size)
+    values, info = qed(bad_tokens)
+    assert (values == 0.0).all() and info["n_errors"] == 2
+    # pickles for pool workers
+    restored = pickle.loads(pickle.dumps(qed))
+    assert np.allclose(restored(molecule_data.train_tokens[:8])[0], qed(molecule_data.train_tokens[:8])[0])
+    with pytest.raises(ValueError, match="kind"):
+        MoleculeReward(kind="logp")
+
+
+def test_molecule_metrics(molecule_data):
+    metrics = molecule_metrics(molecule_data.heldout_smiles[:60] + [None, ""])
+    assert metrics["validity"] == pytest.approx(60 / 62)
+    assert metrics["uniqueness"] == 1.0
+    assert 0.7 < metrics["diversity"] < 1.0  # MOSES molecules are diverse
+    assert 0.5 < metrics["qed_median"] < metrics["qed_top10_mean"] <= 1.0
+    same = [parse_molecule("c1ccccc1O")] * 3
+    assert tanimoto_diversity(same) == pytest.approx(0.0)
+    assert molecule_metrics(["c1ccccc1O", "c1ccccc1O"])["uniqueness"] == 0.5
+
+
+# --------------------------------------------------------------------------------------------------
+# DNA
+# --------------------------------------------------------------------------------------------------
+
+
+def test_jaspar_liver_matrices_load_offline():
+    pfms = load_liver_pfms()
+    assert set(pfms) == {"HNF4A", "HNF1A", "FOXA2", "CEBPB"}
+    for pfm in pfms.values():
+        assert pfm.shape[0] == 4 and np.allclose(pfm.sum(axis=0), 1.0)
+    consensus = "".join("ACGT"[i] for i in pfms["FOXA2"].argmax(axis=0))
+    assert "TGTTTAC" in consensus or "GTAAACA" in consensus  # the forkhead core
+    older = load_liver_pfms(EVAL_RELEASE)
+    assert any(older[k].shape != pfms[k].shape for k in pfms)  # a genuinely different matrix set
+
+
+def test_dna_corpus_and_motif_proxy_reward():
+    seqs = generate_dna_corpus(300, seed=0, motif_rate=0.5)
+    background = generate_dna_corpus(300, seed=1, motif_rate=0.0)
+    assert all(len(s) == 200 and set(s) <= set("ACGT") for s in seqs)
+    assert 0.3 < gc_content(background) < 0.5
+    assert generate_dna_corpus(300, seed=0, motif_rate=0.5) == seqs  # deterministic given the seed
+    reward = MotifProxyReward()
+    planted, info = reward(seqs)
+    plain, _ = reward(background)
+    assert info["n_valid"] == 300
+    assert planted.mean() > plain.mean() + 0.02  # planted sites raise the proxy
+    assert (planted <= 1.0).all() and (plain >= 0.0).all()
+    tokens = dna_to_tokens(seqs[:16])
+    assert tokens_to_dna(tokens) == seqs[:16]
+    assert np.allclose(reward(tokens)[0], planted[:16])
+
+    # the consensus of every TF (either strand) gives the maximal proxy of 1
+    consensus = ["".join("ACGT"[i] for i in p.argmax(axis=0)) for p in load_liver_pfms().values()]
+    ideal = ("".join(consensus)).ljust(200, "A")
+    (best,), _ = reward([ideal])
+    assert best == pytest.approx(1.0)
+    rc = ideal[::-1].translate(str.maketrans("ACGT", "TGCA"))
+    assert reward([rc])[0][0] == pytest.approx(1.0)
+
+    values, info = reward(["ACGN" * 50, "ACG", ideal])
+    assert info["n_invalid"] == 2 and values[2] == pytest.approx(1.0) and values[0] == 0.0
+    assert pickle.loads(pickle.dumps(reward))([ideal])[0][0] == pytest.approx(1.0)
+    assert kmer_correlation(seqs, background) > 0.9
+    assert DNA_VOCAB.size == 4
+
+
+# --------------------------------------------------------------------------------------------------
+# Protein
+# --------------------------------------------------------------------------------------------------
+
+
+def test_protein_fasta_roundtrip_and_errors(tmp_path):
+    path = write_synthetic_fasta(tmp_path / "prot.fasta", n=20, min_len=10, max_len=30, seed=0)
+    seqs = read_fasta(path)
+    assert len(seqs) == 20 and all(10 <= len(s) <= 30 for s in seqs)
+    tokens = protein_tokens(seqs, max_len=32)
+    assert tokens.shape == (20, 32) and tokens_to_protein(tokens) == seqs
+    with pytest.raises(ValueError, match="exceed"):
+        protein_tokens(seqs, max_len=12)
+
+    with pytest.raises(FileNotFoundError, match="not found"):
+        read_fasta(tmp_path / "missing.fasta")
+    (tmp_path / "empty.fasta").write_text("")
+    with pytest.raises(ValueError, match="no FASTA records"):
+        read_fasta(tmp_path / "empty.fasta")
+    (tmp_path / "bad.fasta").write_text(">ok\nACDE\n>weird\nACXZ\n")
+    with pytest.raises(ValueError, match="weird"):
+        read_fasta(tmp_path / "bad.fasta")
+    (tmp_path / "blank.fasta").write_text(">blank\n\n")
+    with pytest.raises(ValueError, match="empty sequence"):
+        read_fasta(tmp_path / "blank.fasta")
+
+
+def test_beta_sheet_proxy_reward():
+    reward = BetaSheetProxyReward()
+    values, info = reward(["VIYFWL", "AAAAGG", "VVAA", "", "AXA"])
+    assert values[:3].tolist() == pytest.approx([1.0, 0.0, 0.5])
+    assert values[3] == values[4] == 0.0
+    assert info["n_valid"] == 3 and info["n_empty"] == 1 and info["n_invalid"] == 1
+    tokens = protein_tokens(["VIYFWL", "VVAA"], max_len=8)
+    assert reward(tokens)[0].tolist() == pytest.approx([1.0, 0.5])
+    all_pad = torch.full((1, 8), PROTEIN_VOCAB.pad_id)
+    assert reward(all_pad)[1]["n_empty"] == 1
+    assert hamming_diversity(["AAAA", "AAAA"]) == 0.0
+    assert hamming_diversity(["AAAA", "CCCC"]) == 1.0

@@ -1,0 +1,149 @@
+"""The GPU cluster definitions, checked without any cloud: the `ray up` YAML against the schema Ray itself uses, the
+KubeRay RayCluster against a schema of the fields we rely on, and scale=paper's learners and samplers packed onto
+the nodes each file declares."""
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import jsonschema
+import pytest
+import ray
+import yaml
+
+from experiments.config import load
+
+ROOT = Path(__file__).resolve().parents[1]
+DEPLOY = ROOT / "cluster" / "deploy"
+
+# The part of the KubeRay ray.io/v1 RayCluster CRD these manifests use (no CRD ships with any installed package).
+_RESOURCES = {"type": "object", "properties": {
+    "requests": {"type": "object", "additionalProperties": {"type": ["string", "integer"]}},
+    "limits": {"type": "object", "additionalProperties": {"type": ["string", "integer"]}}}}
+_POD = {"type": "object", "required": ["spec"], "properties": {"spec": {
+    "type": "object", "required": ["containers"], "properties": {"containers": {
+        "type": "array", "minItems": 1, "items": {
+            "type": "object", "required": ["name", "image", "resources"],
+            "properties": {"name": {"type": "string"}, "image": {"type": "string", "minLength": 1},
+                           "resources": _RESOURCES,
+                           "env": {"type": "array", "items": {"type": "object", "required": ["name"]}}}}}}}}}
+_START_PARAMS = {"type": "object", "additionalProperties": {"type": "string"}}  # KubeRay wants strings
+RAYCLUSTER_SCHEMA = {
+    "type": "object", "required": ["apiVersion", "kind", "metadata", "spec"],
+    "properties": {
+        "apiVersion": {"const": "ray.io/v1"}, "kind": {"const": "RayCluster"},
+        "metadata": {"type": "object", "required": ["name"]},
+        "spec": {"type": "object", "required": ["headGroupSpec", "workerGroupSpecs"], "properties": {
+            "rayVersion": {"type": "string"},
+            "enableInTreeAutoscaling": {"type": "boolean"},
+            "headGroupSpec": {"type": "object", "required": ["rayStartParams", "template"],
+                              "properties": {"rayStartParams": _START_PARAMS, "template": _POD}},
+            "workerGroupSpecs": {"type": "array", "minItems": 1, "items": {
+                "type": "object", "required": ["groupName", "replicas", "minReplicas", "maxReplicas",
+                                               "rayStartParams", "template"],
+                "properties": {"groupName": {"type": "string"}, "replicas": {"type": "integer", "minimum": 0},
+                               "minReplicas": {"type": "integer", "minimum": 0},
+                               "maxReplicas": {"type": "integer", "minimum": 1},
+                               "rayStartParams": _START_PARAMS, "template": _POD}}}}}}}
+
+
+def _ray_up() -> dict:
+    return yaml.safe_load((DEPLOY / "ray-cluster.yaml").read_text())
+
+
+def _kuberay() -> dict:
+    return yaml.safe_load((DEPLOY / "kuberay.yaml").read_text())
+
+
+def _demand(scale: str) -> list[dict[str, float]]:
+    """One resource bundle per Ray Train worker and per pool worker of ``scale``."""
+    typed = load([f"scale={scale}"])["_typed"]
+    train, pool = typed["train"], typed["pool"]
+    learner = {"CPU": train.cpus_per_worker, "GPU": train.gpus_per_worker if train.use_gpu else 0.0}
+    sampler = {"CPU": pool.num_cpus, "GPU": pool.num_gpus}
+    return [learner] * train.num_workers + [sampler] * pool.num_workers
+
+
+def _fits(bundles: list[dict[str, float]], nodes: list[dict[str, float]]) -> bool:
+    """First-fit decreasing (GPU first): can every bundle be placed, fractional GPUs within one GPU's capacity?"""
+    free = [dict(n) for n in nodes]
+    for b in sorted(bundles, key=lambda b: (-b["GPU"], -b["CPU"])):
+        for node in free:
+            if node.get("CPU", 0) >= b["CPU"] - 1e-9 and node.get("GPU", 0) >= b["GPU"] - 1e-9:
+                node["CPU"] -= b["CPU"]
+                node["GPU"] = node.get("GPU", 0) - b["GPU"]
+                break
+        else:
+            return False
+    return True
+
+
+def test_ray_up_yaml_is_valid_for_ray():
+    from ray.autoscaler._private.util import prepare_config, validate_config
+    cfg = _ray_up()
+    schema = json.loads((Path(ray.__file__).parent / "autoscaler" / "ray-schema.json").read_text())
+    jsonschema.validate(cfg, schema)
+    validate_config(prepare_config(copy.deepcopy(cfg)))  # what `ray up` runs before touching the cloud
+    broken = copy.deepcopy(cfg)
+    broken["available_node_types"]["gpu"]["gpus"] = 8
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(broken, schema)
+
+    head = cfg["available_node_types"][cfg["head_node_type"]]
+    assert head["resources"].get("GPU", 0) == 0
+    setup = " ".join(cfg["setup_commands"])
+    assert "python3 -m experiments.venv" in setup and "ORRERY_TORCH=" in setup and "cu1" in setup
+    for cmd in (cfg["head_start_ray_commands"][-1], cfg["worker_start_ray_commands"][-1]):
+        assert "RAY_AUTH_MODE=token" in cmd and "/orrery/.venv/bin/ray start" in cmd and "--metrics-export-port" in cmd
+    assert cfg["file_mounts"]["/home/ray/.ray/auth_token"] == "~/.ray/auth_token"
+    assert {".venv", ".git", "runs"} <= set(cfg["rsync_exclude"])
+
+
+def test_kuberay_manifest_matches_the_raycluster_schema():
+    manifest = _kuberay()
+    jsonschema.validate(manifest, RAYCLUSTER_SCHEMA)
+    assert manifest["spec"]["rayVersion"] == ray.__version__
+    broken = copy.deepcopy(manifest)
+    broken["spec"]["workerGroupSpecs"][0]["rayStartParams"]["num-cpus"] = 8  # must be a string for KubeRay
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(broken, RAYCLUSTER_SCHEMA)
+    pods = [manifest["spec"]["headGroupSpec"]["template"]] + [g["template"] for g in manifest["spec"]["workerGroupSpecs"]]
+    for pod in pods:
+        env = {e["name"]: e for e in pod["spec"]["containers"][0]["env"]}
+        assert env["RAY_AUTH_MODE"]["value"] == "token" and "secretKeyRef" in env["RAY_AUTH_TOKEN"]["valueFrom"]
+    gpu = manifest["spec"]["workerGroupSpecs"][0]["template"]["spec"]["containers"][0]["resources"]
+    assert gpu["limits"]["nvidia.com/gpu"] == gpu["requests"]["nvidia.com/gpu"] >= 1
+
+
+def _ray_up_nodes() -> list[dict[str, float]]:
+    cfg = _ray_up()
+    nodes = []
+    for name, node_type in cfg["available_node_types"].items():
+        count = 1 if name == cfg["head_node_type"] else node_type["max_workers"]
+        nodes += [dict(node_type["resources"])] * count
+    return nodes
+
+
+def _kuberay_nodes() -> list[dict[str, float]]:
+    spec = _kuberay()["spec"]
+    nodes = [{"CPU": float(spec["headGroupSpec"]["rayStartParams"]["num-cpus"]),
+              "GPU": float(spec["headGroupSpec"]["rayStartParams"].get("num-gpus", 0))}]
+    for group in spec["workerGroupSpecs"]:
+        limits = group["template"]["spec"]["containers"][0]["resources"]["limits"]
+        node = {"CPU": float(group["rayStartParams"].get("num-cpus", limits["cpu"])),
+                "GPU": float(limits.get("nvidia.com/gpu", 0))}
+        nodes += [node] * group["maxReplicas"]
+    return nodes
+
+
+@pytest.mark.parametrize("nodes", [_ray_up_nodes, _kuberay_nodes], ids=["ray-up", "kuberay"])
+def test_paper_scale_fits_the_declared_gpu_nodes(nodes):
+    demand = _demand("paper")
+    learners = [b for b in demand if b["GPU"] == 1.0]
+    assert len(learners) >= 1 and all(0 < b["GPU"] < 1 for b in demand if b not in learners), demand
+    nodes = nodes()
+    assert _fits(demand, nodes)
+    assert _fits(demand, [n for n in nodes if n.get("GPU", 0) > 0][:1]), "one GPU node should hold a paper run"
+    assert not _fits(demand, [n for n in nodes if n.get("GPU", 0) == 0]), "paper scale must need the GPU nodes"
+    assert _fits(_demand("smoke"), [{"CPU": 2, "GPU": 0}]), "smoke scale must fit a 2-core laptop"

@@ -1,0 +1,174 @@
+"""Sweeps: the YAML search space and schedulers, commit records as trial checkpoints (restore, PBT clone), and a real
+sweep SIGKILLed mid-way that resumes without re-running finished trials and ends with a table, a plot and a best
+config."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import ray
+
+from cluster import journal
+from cluster.metrics import MetricsLogger
+from cluster.store import ParquetStore
+from experiments.config import ConfigError, load
+from experiments.sweep import _select_sweep, check, trial_overrides
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _sweep_cfg(*overrides: str):
+    return check(load(_select_sweep(["experiment=collect", "sweep=collect_throughput", *overrides])))
+
+
+def test_space_scheduler_and_errors_from_yaml():
+    from ray.tune.schedulers import ASHAScheduler, PopulationBasedTraining
+    from ray.tune.search.sample import Categorical, Float, LogUniform
+
+    from cluster.tune import override, scheduler, tune_space
+    sweep = _sweep_cfg("+sweep.space.experiment.num_transitions={loguniform:[100,1000]}")
+    space = tune_space(sweep.params)
+    assert space["experiment.envs_per_shard"] == {"grid_search": [1, 2, 4]}
+    assert isinstance(space["experiment.num_shards"], Categorical) and space["experiment.num_shards"].categories == [4, 8]
+    lr = space["experiment.num_transitions"]
+    assert isinstance(lr, Float) and isinstance(lr.get_sampler(), LogUniform) and (lr.lower, lr.upper) == (100, 1000)
+    asha = scheduler(sweep)
+    assert isinstance(asha, ASHAScheduler) and asha._max_t == 16
+    assert sorted(r for r, _ in asha._brackets[0]._rungs) == [2, 4, 8, 16]  # grace_period 2, reduction factor 2
+    pbt = scheduler(_sweep_cfg("sweep.scheduler.name=pbt", "sweep.scheduler.perturbation_interval=3"))
+    assert isinstance(pbt, PopulationBasedTraining) and pbt._perturbation_interval == 3
+    assert set(pbt._hyperparam_mutations) == {"experiment.envs_per_shard", "experiment.num_shards"}
+
+    for bad, message in [
+        ("+sweep.space.pool.num_workers={grid:[1,2]}", "sweep.space.pool.num_workers: cannot be swept"),
+        ("+sweep.space.experiment.nope={grid:[1]}", "sweep.space.experiment.nope: no such config key"),
+        ("+sweep.space.seed={loguniform:[0,1]}", "sweep.space.seed.loguniform: bounds must be > 0"),
+        ("+sweep.space.seed={between:[0,1]}", "sweep.space.seed: expected {kind: [...]} with kind one of"),
+        ("sweep.trial_cpus=0", "sweep.trial_cpus: must be > 0"),
+        ("sweep.scheduler.name=hyperband", "sweep.scheduler.name: must be one of"),
+    ]:
+        with pytest.raises(ConfigError, match=re.escape(message)):
+            _sweep_cfg(bad)
+    with pytest.raises(ConfigError, match="sweep: missing"):
+        check(load(["experiment=collect"]))
+
+    assert override("experiment.task", "humanoid") == "experiment.task=humanoid"
+    assert override("a", "it's x") == "a='it\\'s x'" and override("a", None) == "a=null"
+    assert override("a", [1, 0.5, True]) == "a=[1,0.5,true]"
+    assert trial_overrides(["experiment=collect", "sweep=s", "sweep.num_samples=3", "resume=true", "run_name=x",
+                            "output_dir=/o", "seed=3"]) == ["experiment=collect", "seed=3"]
+
+
+def _run_with_commits(run_path: Path, steps: range, *, start=None) -> journal.Journal:
+    store = ParquetStore(run_path / "data" / "x")
+    metrics = MetricsLogger(run_path, tensorboard=False)
+    reports = []
+    j = journal.Journal(run_path, [store], metrics=metrics, report=lambda m, checkpoint: reports.append(checkpoint))
+    first = j.resume().step if start == "resume" else j.start().step
+    assert first == steps.start
+    for step in steps:
+        store.append({"v": np.full(3, step)})
+        j.commit(step + 1, {"loss": float(step)}, state={"seen": step + 1})
+    j.reports = reports
+    return j
+
+
+def test_commit_records_restore_and_clone(tmp_path):
+    a = tmp_path / "a"
+    j = _run_with_commits(a, range(0, 4))
+    at_two = j.reports[1]  # the checkpoint Tune got at step 2
+    assert at_two["step"] == 2 and at_two["parts"] == {"data/x": 2, "metrics": 2}
+    with pytest.raises(FileExistsError, match="resume=true"):
+        _run_with_commits(a, range(0, 1))
+    # a crash mid-step leaves a part the commit does not know about: resume drops it
+    ParquetStore(a / "data" / "x").append({"v": np.full(3, 99)})
+    _run_with_commits(a, range(4, 6), start="resume")
+    assert ParquetStore(a / "data" / "x").to_numpy()["v"].tolist() == [s for s in range(6) for _ in range(3)]
+    # PBT: another trial continues from a's checkpoint at step 2, though a has moved on since
+    b = tmp_path / "b"
+    commit = journal.clone(at_two, b)
+    assert commit.step == 2 and journal.read_commit(b).state == {"seen": 2}
+    assert ParquetStore(b / "data" / "x").to_numpy()["v"].tolist() == [0, 0, 0, 1, 1, 1]
+    _run_with_commits(b, range(2, 3), start="resume")
+    # Tune restores a to its own earlier checkpoint: a is cut back to step 2
+    journal.restore(a, at_two)
+    assert journal.read_commit(a).step == 2 and len(ParquetStore(a / "metrics").to_numpy()["step"]) == 2
+    assert len(ParquetStore(a / "data" / "x")) == 6
+
+
+def test_sweep_killed_then_resumed(ray_cluster, tmp_path):
+    pool = f"sweep-pool-{uuid.uuid4().hex[:6]}"
+    sweep_path = tmp_path / "collect" / "sw"
+    trials = sweep_path / "trials" / "collect"
+    argv = [sys.executable, "-m", "experiments.sweep", "experiment=collect", "sweep=collect_throughput",
+            "sweep.scheduler.name=fifo", "sweep.max_concurrent=1", "sweep.space.experiment.num_shards.choice=[4]",
+            "sweep.space.experiment.envs_per_shard.grid=[2,4]", "experiment.num_transitions=240", f"pool.name={pool}", f"output_dir={tmp_path}", "run_name=sw",
+            f"cluster.address={ray.get_runtime_context().gcs_address}"]
+
+    def finished() -> list[Path]:
+        return sorted(p.parent for p in trials.glob("*/summary.json"))
+
+    def terminated() -> set[str]:
+        """Trials Tune itself has recorded as finished (what a restore will not re-run)."""
+        done = set()
+        for state in (sweep_path / "tune").glob("experiment_state-*.json"):
+            try:
+                entries = json.loads(state.read_text())["trial_data"]
+            except (OSError, ValueError, KeyError):
+                continue  # being written
+            done |= {t["trial_id"] for t in map(lambda e: json.loads(e[0]), entries) if t["status"] == "TERMINATED"}
+        return done
+
+    try:
+        # Tune saves its experiment state at most every 10 s by default; save it at every step so that "finished
+        # before the kill" is exact (a trial finished but not yet recorded would be resumed at its last commit: a
+        # no-op, but not what this test counts).
+        env = {**os.environ, "TUNE_GLOBAL_CHECKPOINT_S": "0"}
+        proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        try:
+            deadline = time.monotonic() + 240
+            while not terminated() and proc.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.05)
+            proc.send_signal(signal.SIGKILL)
+            out = proc.communicate()[0]
+        finally:
+            proc.kill()
+        done_before = terminated()
+        assert len(done_before) == 1, f"kill the sweep after 1 of 2 trials; finished {done_before}\n{out[-3000:]}"
+
+        resumed = subprocess.run(argv + ["resume=true"], cwd=ROOT, capture_output=True, text=True, timeout=400)
+        assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
+    finally:
+        from cluster.pool import SharedPool
+        SharedPool.attach({"name": pool}, create=False).shutdown()
+
+    runs = sorted(p for p in trials.iterdir() if p.is_dir())
+    assert len(runs) == 2 and finished() == runs
+    for run in runs:
+        attempts = [json.loads(line) for line in (run / "attempts.jsonl").read_text().splitlines()]
+        if run.name in done_before:
+            assert len(attempts) == 1, f"finished trial {run.name} was re-run"
+        # an interrupted trial with a checkpoint continues its run directory from there
+        assert all(a["resume"] for a in attempts if a["restored_step"] is not None), attempts
+        metric_steps = ParquetStore(run / "metrics").to_numpy(["step"])["step"]
+        assert sorted(metric_steps.tolist()) == [1, 2, 3, 4], f"{run.name}: steps repeated or lost"
+        assert len(ParquetStore(run / "data" / "transitions")) == 240
+    best = json.loads((sweep_path / "best.json").read_text())
+    assert best["trials"] == 2 and best["errors"] == 0
+    assert f"best transitions_per_s = {best['best_value']}" in resumed.stdout
+    table = pd.read_parquet(sweep_path / "results.parquet")
+    assert sorted(table["config/experiment.envs_per_shard"].unique().tolist()) == [2, 4]
+    assert table.groupby("trial_id")["training_iteration"].max().tolist() == [4, 4]
+    assert len(pd.read_csv(sweep_path / "results.csv")) == len(table)
+    png = (sweep_path / "plots" / "transitions_per_s.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
