@@ -691,7 +691,7 @@ def _train_tree(method, policy, ref, task, cfg, optimizer, rng, sample, score, r
                    "mean_reward": sum(map(sum, b.rewards)) / (n * len(b.problems)),
                    "mean_leaf_reward": sum(leaves) / max(len(leaves), 1),
                    "valid_prompt_ratio": sum(t.has_signal() for t in trees) / len(trees),
-                   "expanded_responses": len(b.branches),
+                   "expanded_responses": sum(1 for offsets in b.branches.values() if offsets),
                    "continuations": sum(len(c) for c in b.continuations.values()),
                    "train_sequences": len(sequences), "train_tokens": sum(len(s.response_ids) for s in sequences),
                    "call_tokens": tokens_this_call, "seconds": time.perf_counter() - t0}

@@ -5,7 +5,6 @@ flat dotted config keys (``experiment.envs_per_shard``) so a sampled point is a 
 """
 from __future__ import annotations
 
-import dataclasses
 import logging
 import re
 from dataclasses import dataclass, field
@@ -56,6 +55,7 @@ class SweepConfig:
     best_scope: Literal["last", "avg", "all", "last-5-avg", "last-10-avg"] = "last"
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     description: str = ""
+    params: dict[str, tuple[str, list]] = field(init=False, repr=False)  # the space, flattened to dotted keys
 
     def __post_init__(self) -> None:
         if self.num_samples < 1:
@@ -149,7 +149,8 @@ def scheduler(cfg: SweepConfig):
                                    resample_probability=s.resample_probability)
 
 
-_PLAIN = re.compile(r"^[A-Za-z0-9_./:+-]+$")
+# Left unquoted only if hydra cannot read it as anything but a string (``0123_45`` would be an int, ``1e5`` a float).
+_PLAIN = re.compile(r"^[A-Za-z_][A-Za-z0-9_./:-]*$")
 
 
 def override(key: str, value: Any) -> str:
@@ -165,7 +166,7 @@ def _format(value: Any) -> str:
     if isinstance(value, (int, float)):
         return repr(value)
     if isinstance(value, str):
-        if _PLAIN.match(value) and value.lower() not in ("null", "true", "false"):
+        if _PLAIN.match(value) and value.lower() not in ("null", "true", "false", "nan", "inf"):
             return value
         return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
     if isinstance(value, (list, tuple)):
@@ -223,8 +224,3 @@ def plot_trials(table, metric: str, path: str | Path, params: list[str], title: 
 
 def _short(value: Any) -> str:
     return f"{value:.3g}" if isinstance(value, float) else str(value)
-
-
-def as_dict(cfg: SweepConfig) -> dict[str, Any]:
-    return {f.name: getattr(cfg, f.name) if f.name != "scheduler" else dataclasses.asdict(cfg.scheduler)
-            for f in dataclasses.fields(cfg)}

@@ -20,6 +20,15 @@ TASKS: dict[str, str] = {
     "half_cheetah": "HalfCheetah-v5",
     "walker2d": "Walker2d-v5",
     "hopper": "Hopper-v5",
+    # Humanoid observed through its state only (qpos[2:], qvel: 45 numbers instead of 348). The LIFT pipeline
+    # uses this one: the world model predicts (qpos, qvel), so it can rebuild exactly this observation.
+    "humanoid_state": "Humanoid-v5",
+}
+
+# gymnasium.make keyword arguments of a task beyond its id
+TASK_KWARGS: dict[str, dict[str, Any]] = {
+    "humanoid_state": {f"include_{part}_in_observation": False
+                       for part in ("cinert", "cvel", "qfrc_actuator", "cfrc_ext")},
 }
 
 Policy = Callable[[np.ndarray], np.ndarray]
@@ -56,7 +65,7 @@ class PhysicsState(gym.Wrapper):
 
 def make_env(task: str, change: dict | None = None, physics_state: bool = False,
              **kwargs: Any) -> gym.Env:
-    env = gym.make(env_id(task), **kwargs)
+    env = gym.make(env_id(task), **{**TASK_KWARGS.get(task, {}), **kwargs})
     if change:
         from envs.changes import apply_change  # stage 3 edits: friction, mass, gear, gravity, target velocity
         env = apply_change(env, change)

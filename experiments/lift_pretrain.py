@@ -28,7 +28,7 @@ from envs.control import TASKS
 
 log = logging.getLogger(__name__)
 
-MUJOCO_TASKS = {"humanoid", "inverted_pendulum", "half_cheetah", "walker2d", "hopper"}
+MUJOCO_TASKS = {"humanoid", "humanoid_state", "inverted_pendulum", "half_cheetah", "walker2d", "hopper"}
 
 
 @dataclass

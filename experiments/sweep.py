@@ -35,6 +35,7 @@ interrupted sweep: finished trials are kept, unfinished ones continue from their
 """
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -96,7 +97,7 @@ def run_trial(params: dict[str, Any], base: list[str], sweep_path: str, experime
         override("output_dir", str(Path(sweep_path) / "trials")), override("run_name", trial_id),
         override("resume", resume)]
     cfg, ctx = prepare(overrides)
-    ctx.tune_report = _report
+    ctx.tune_report = functools.partial(_report, staging=run_path / ".tune-commit")
     try:
         summary = cfg["_module"].run(cfg, ctx)
     finally:
@@ -104,17 +105,16 @@ def run_trial(params: dict[str, Any], base: list[str], sweep_path: str, experime
     ctx.run_dir.write_json("summary.json", summary)
 
 
-def _report(metrics: dict[str, Any], checkpoint: dict[str, Any] | None = None) -> None:
-    """``ctx.tune_report``: report to Tune; a journal commit record becomes the trial's checkpoint."""
-    import tempfile
-
+def _report(metrics: dict[str, Any], checkpoint: dict[str, Any] | None = None, *, staging: Path) -> None:
+    """``ctx.tune_report``: report to Tune; a journal commit record becomes the trial's checkpoint (staged in the
+    trial's run directory, which Tune copies into its storage)."""
     from ray import tune
     if checkpoint is None:
         tune.report(metrics)
         return
-    with tempfile.TemporaryDirectory(prefix="orrery-commit-") as d:
-        (Path(d) / "commit.json").write_text(json.dumps(checkpoint, default=float))
-        tune.report(metrics, checkpoint=tune.Checkpoint.from_directory(d))
+    staging.mkdir(parents=True, exist_ok=True)
+    (staging / "commit.json").write_text(json.dumps(checkpoint, default=float))
+    tune.report(metrics, checkpoint=tune.Checkpoint.from_directory(str(staging)))
 
 
 def sweep_dir(cfg: dict[str, Any]) -> Path:
@@ -132,7 +132,7 @@ def sweep_dir(cfg: dict[str, Any]) -> Path:
 
 
 def check(cfg: dict[str, Any]) -> SweepConfig:
-    """Validate the sweep section and that one point of the space makes a valid run config (before any Ray)."""
+    """Validate the sweep section; every swept key must exist in the composed config (typos fail before Ray)."""
     if not cfg.get("sweep"):
         raise ConfigError("sweep: missing; pick a search space with sweep=<name> (configs/sweep/<name>.yaml)")
     sweep = from_dict(SweepConfig, cfg["sweep"], "sweep")
@@ -173,6 +173,8 @@ def main(argv: list[str] | None = None) -> Any:
         tune.with_parameters(run_trial, base=base, sweep_path=str(path), experiment=cfg["experiment"]["name"]),
         {"cpu": sweep.trial_cpus})
     storage = path / TUNE_DIR
+    # Learners report evaluation metrics only every few iterations; ASHA and PBT skip results without the metric.
+    os.environ.setdefault("TUNE_DISABLE_STRICT_METRIC_CHECKING", "1")
     if cfg["resume"] and tune.Tuner.can_restore(str(storage)):
         log.info("restoring sweep %s", storage)
         tuner = tune.Tuner.restore(str(storage), trainable=trainable, resume_unfinished=True, resume_errored=True)
@@ -201,7 +203,12 @@ def report(results, sweep: SweepConfig, path: Path) -> dict[str, Any]:
     try:
         best = results.get_best_result(sweep.metric, sweep.mode, scope=sweep.best_scope)
     except RuntimeError as err:  # no trial reported the metric
-        print(f"sweep finished without a result for {sweep.metric}: {err}", file=sys.stderr)
+        best = None
+        print(f"no trial reported {sweep.metric}: {err}", file=sys.stderr)
+    if best is None or sweep.metric not in best.metrics:
+        first_error = next((r.error for r in results if r.error is not None), None)
+        print(f"sweep failed: no result for {sweep.metric} ({errors} of {len(results)} trials errored; first: "
+              f"{first_error!r}); see {path / TUNE_DIR}", file=sys.stderr)
         raise SystemExit(1)
     best_config = {k: best.config[k] for k in params}
     summary = {"metric": sweep.metric, "mode": sweep.mode, "best_value": best.metrics.get(sweep.metric),

@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import Any
 
 PAPER_SCALE = {
-    "lift": "python -m experiments.run experiment=lift_pretrain env=humanoid scale=paper cluster=remote; then "
-            "experiment=lift_finetune env=humanoid scale=paper experiment.pretrain_run=<run dir>",
+    "lift": "python -m experiments.run experiment=lift_pretrain env=humanoid_state scale=paper cluster=remote; then "
+            "experiment=lift_finetune env=humanoid_state scale=paper experiment.pretrain_run=<run dir>",
     "vidd": "python -m experiments.run experiment=vidd_molecule scale=paper cluster=remote",
     "attnrl": "python -m experiments.run experiment=attnrl scale=paper cluster=remote experiment.hf_model=<local dir>",
 }

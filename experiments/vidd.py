@@ -440,11 +440,13 @@ def train_fn(config: dict) -> None:
             row.update(step_metrics, train_reward_mean=float(rewards.mean()))
         else:
             use_rollout = bool(torch.rand((), generator=coin) < vcfg.beta)
+            # each request needs >= 2 queries (one value pair): near the end of the budget use fewer requests
+            chunks = split_requests(share, min(n_requests, max(1, rank_budget // 2)))
+            allowances = split_requests(rank_budget, len(chunks))
             reqs = [{"kind": "vidd", "n": k, "seed": rank_seed + i, "model": "rollout" if use_rollout else "pretrained",
-                     "steps_per_trajectory": vcfg.timesteps_per_trajectory,
-                     "max_queries": int(rank_budget // len(split_requests(share, n_requests))),
+                     "steps_per_trajectory": vcfg.timesteps_per_trajectory, "max_queries": int(allowances[i]),
                      "value_estimator": vcfg.value_estimator, "greedy_tokens_per_step": vcfg.greedy_tokens_per_step}
-                    for i, k in enumerate(split_requests(share, n_requests))]
+                    for i, k in enumerate(chunks)]
             results = pool.map("diffusion", reqs, config=scfg, weights=key)
             batch = _vidd_batch(results)
             queries = sum(r["queries"] for r in results)

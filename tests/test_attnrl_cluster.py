@@ -14,6 +14,7 @@ from algos.attnrl import fci_scores
 from algos.gpt import GPT, GPTConfig
 from algos.lm import GenerationRequest, Policy, generate
 from cluster.metrics import read_metrics
+from cluster.pool import SharedPool
 from cluster.store import ParquetStore
 from envs.reasoning import ReasoningTask
 from experiments.attnrl import gpt_weights
@@ -23,7 +24,6 @@ torch.set_num_threads(1)
 
 
 def _shutdown_pool(name: str) -> None:
-    from cluster.pool import SharedPool
     try:
         SharedPool.attach({"name": name}, create=False).shutdown()
     except ValueError:
@@ -70,10 +70,10 @@ def test_attnrl_run_on_the_pool_keeps_the_off_policy_order(tmp_path, ray_cluster
                         "experiment.methods=[]", "experiment.method=attnrl", "experiment.task.max_steps=3",
                         "experiment.sft.max_steps=60", "experiment.sft.eval_every=30",
                         "experiment.sft.eval_problems_per_difficulty=4", "experiment.rl.prompts_per_batch=2",
-                        "experiment.rl.token_budget=1500", "experiment.eval_problems_per_difficulty=4",
+                        "experiment.rl.token_budget=1500", "experiment.rl.max_prompts_per_batch=4",
+                        "experiment.eval_problems_per_difficulty=4",
                         "experiment.eval_every_updates=2", "experiment.checkpoint_every_updates=2"])
-        stats = __import__("cluster.pool", fromlist=["SharedPool"]).SharedPool.attach(
-            {"name": pool}, create=False).stats()
+        stats = SharedPool.attach({"name": pool}, create=False).stats()
     finally:
         _shutdown_pool(pool)
     run = tmp_path / "attnrl" / "smoke"

@@ -16,7 +16,6 @@ import uuid
 from pathlib import Path
 
 import numpy as np
-import pytest
 import ray
 
 from cluster.journal import read_commit

@@ -108,7 +108,8 @@ def test_lift_finetuning_beats_the_pretrained_policy_in_the_changed_env(tmp_path
     pool = f"lift-ft-{uuid.uuid4().hex[:6]}"
     try:
         summary = main(["experiment=lift_finetune", "env=inverted_pendulum", f"experiment.pretrain_run={pretrained_run}",
-                        "experiment.method=lift", f"output_dir={tmp_path}", "run_name=smoke", f"pool.name={pool}",
+                        "experiment.method=lift", "experiment.change={name:gear,scale:0.4}", f"output_dir={tmp_path}",
+                        "run_name=smoke", f"pool.name={pool}",
                         "experiment.epochs=2", "experiment.prefill_steps=200", "experiment.real_steps_per_epoch=300",
                         "experiment.wm_pretrain_steps=200", "experiment.wm_retrain_steps=100",
                         "experiment.hupt_schedule=[0,1,10,10]", "experiment.eval_episodes=4", "seed=0"])

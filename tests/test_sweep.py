@@ -65,6 +65,7 @@ def test_space_scheduler_and_errors_from_yaml():
     assert override("experiment.task", "humanoid") == "experiment.task=humanoid"
     assert override("a", "it's x") == "a='it\\'s x'" and override("a", None) == "a=null"
     assert override("a", [1, 0.5, True]) == "a=[1,0.5,true]"
+    assert override("run_name", "45591_00000") == "run_name='45591_00000'"  # a trial id hydra would read as an int
     assert trial_overrides(["experiment=collect", "sweep=s", "sweep.num_samples=3", "resume=true", "run_name=x",
                             "output_dir=/o", "seed=3"]) == ["experiment=collect", "seed=3"]
 

@@ -1,0 +1,61 @@
+"""The main job with tiny budgets: every method runs as its own driver on one shared pool, the report has every
+section, plot and claim row, and its numbers are the ones in the runs' metrics files."""
+from __future__ import annotations
+
+import json
+import math
+import re
+import uuid
+from pathlib import Path
+
+import pytest
+
+from cluster.metrics import read_metrics
+from experiments.run import main
+
+TINY = [
+    'experiment.lift_pretrain=["experiment.total_env_steps=1536","experiment.eval_every_steps=512",'
+    '"experiment.eval_episodes=3"]',
+    'experiment.lift_finetune=["experiment.methods=[lift,sac_finetune]","experiment.epochs=2",'
+    '"experiment.real_steps_per_epoch=200","experiment.prefill_steps=200","experiment.wm_pretrain_steps=100",'
+    '"experiment.wm_retrain_steps=50","experiment.hupt_schedule=[0,1,2,2]","experiment.eval_episodes=2"]',
+]
+
+
+def _close(a: float, b: float) -> bool:
+    return math.isclose(float(a), float(b), rel_tol=1e-6, abs_tol=1e-9)
+
+
+@pytest.mark.slow
+def test_tour_runs_every_method_and_reports_what_the_metrics_say(tmp_path, ray_cluster):
+    pool = f"tour-{uuid.uuid4().hex[:6]}"
+    from cluster.pool import SharedPool
+    try:
+        summary = main(["experiment=tour", f"output_dir={tmp_path}", "run_name=t", f"pool.name={pool}", *TINY])
+    finally:
+        try:
+            SharedPool.attach({"name": pool}, create=False).shutdown()
+        except ValueError:
+            pass
+    report_dir = tmp_path / "tour" / "t" / "report"
+    report = (report_dir / "report.md").read_text()
+    data = json.loads((report_dir / "report.json").read_text())
+    assert data["failures"] == [], data["failures"]
+    for heading in ("## What each paper claims", "## LIFT", "## Shared pool", "## Runs", "## Plots"):
+        assert heading in report
+    for plot in data["plots"]:
+        assert (report_dir / plot).stat().st_size > 5_000 and f"({plot})" in report
+    for claim in data["claims"]:
+        assert f"| {claim['paper']} | {claim['claim']} | {claim['observed']} | {claim['holds']} |" in report
+    assert {"env"} <= set(data["pool"]["per_sampler"]), data["pool"]["per_sampler"]
+
+    runs = tmp_path / "tour" / "t" / "runs"
+    pre = json.loads((runs / "lift_pretrain" / "lift_pretrain" / "summary.json").read_text())
+    df = read_metrics(runs / "lift_pretrain" / "lift_pretrain").dropna(subset=["eval_return"])
+    assert _close(pre["final_eval_return"], df["eval_return"].iloc[-1])
+    assert f"eval return {pre['final_eval_return']:.3g}" in report
+    fin = json.loads((runs / "lift_finetune" / "lift_finetune" / "summary.json").read_text())
+    assert set(fin["methods"]) == {"lift", "sac_finetune"}
+    for name, m in fin["methods"].items():
+        row = re.search(rf"^\| {name} \| [^|]+ \| ([^|]+) \|", report, re.M)
+        assert row and row.group(1).strip() == f"{m['final_return']:.3g}"

@@ -1,0 +1,146 @@
+"""VIDD on the real cluster: an end-to-end smoke run of vidd_molecule (pretraining, pool sampling, one Ray Train fit,
+best-of-N from the driver, metrics + samples in Parquet, plots, summary), and the diffusion pool sampler's handling
+of oracles that raise and of molecules that do not parse."""
+from __future__ import annotations
+
+import uuid
+
+import numpy as np
+import pytest
+import torch
+
+from algos.mdlm import DenoiserConfig, MaskedDenoiser
+from cluster.metrics import read_metrics
+from cluster.store import ParquetStore
+from envs.molecules import PAD, MoleculeReward, smiles_to_selfies_symbols
+from envs.sequences import build_vocab
+from experiments.vidd_sampler import DiffusionSampler
+
+torch.set_num_threads(1)
+
+SMILES = ["CCO", "c1ccccc1O", "CC(=O)Nc1ccc(O)cc1", "CCN(CC)CC", "O=C(O)c1ccccc1"]
+
+
+def _shutdown_pool(name: str) -> None:
+    from cluster.pool import SharedPool
+    try:
+        SharedPool.attach({"name": name}, create=False).shutdown()
+    except ValueError:
+        pass
+
+
+def _vocab():
+    return build_vocab([smiles_to_selfies_symbols(s) for s in SMILES], pad=PAD)
+
+
+class RaisingMoleculeReward:
+    """QED, except that the oracle raises on any batch holding a row that starts with token 0 (a flaky oracle)."""
+
+    def __init__(self, vocab) -> None:
+        self.inner = MoleculeReward(vocab=vocab, kind="qed")
+
+    def __call__(self, tokens):
+        if (torch.as_tensor(tokens)[:, 0] == 0).any():
+            raise RuntimeError("oracle crashed")
+        return self.inner(tokens)
+
+
+def raising_reward(vocab, **_):
+    return RaisingMoleculeReward(vocab)
+
+
+def _sampler_config(vocab, reward: dict) -> dict:
+    return {"task": "molecule", "T": 4, "reward": reward, "vocab": {"symbols": list(vocab.symbols), "pad": vocab.pad},
+            "denoiser": {"vocab_size": vocab.size, "seq_len": 12, "d_model": 16, "n_layers": 1, "n_heads": 2}}
+
+
+def _weights(cfg: dict) -> dict:
+    torch.manual_seed(0)
+    state = MaskedDenoiser(DenoiserConfig(**cfg["denoiser"])).state_dict()
+    return {"pretrained": state, "rollout": state}
+
+
+def test_sampler_counts_oracle_errors_and_empty_molecules_without_crashing():
+    vocab = _vocab()
+    cfg = _sampler_config(vocab, {"kind": "custom", "factory": "tests.test_vidd_cluster:raising_reward"})
+    sampler = DiffusionSampler(cfg)
+    sampler.load_weights(_weights(cfg), 1)
+    out = sampler.sample({"kind": "sample", "n": 48, "seed": 3, "model": "pretrained", "score": True})
+    tokens = torch.as_tensor(out["tokens"]).long()
+    unique = torch.unique(tokens, dim=0)
+    crashing = int((unique[:, 0] == 0).sum())  # the oracle sees each distinct sequence once
+    assert crashing > 0, "the random denoiser should start some rows with token 0 (else the test proves nothing)"
+    info = out["reward_info"]
+    assert info["n_errors"] == crashing  # every crashing row counted, the rest scored row by row
+    assert out["queries"] == len(unique)
+    assert np.all(out["rewards"][(tokens[:, 0] == 0).numpy()] == 0.0)
+    assert np.isfinite(out["rewards"]).all() and out["num_samples"] == 48
+
+    vidd = sampler.sample({"kind": "vidd", "n": 8, "seed": 1, "model": "pretrained", "steps_per_trajectory": 2,
+                           "max_queries": 10})
+    assert vidd["queries"] <= 10 and len(vidd["x_t"]) <= 16 and vidd["changed"].sum() * 2 <= 10
+
+    # the real molecule oracle: an all-padding row decodes to the empty molecule and is counted, not fatal
+    plain = DiffusionSampler(_sampler_config(vocab, {"kind": "qed"}))
+    rewards, info = plain.oracle(torch.full((3, 12), vocab.pad_id))
+    assert info["n_empty"] == 3 and info["n_valid"] == 0
+    assert np.all(rewards == plain.oracle.floor)
+
+
+
+def test_vidd_molecule_end_to_end_through_pool_and_train(tmp_path, ray_cluster):
+    from experiments.run import main
+    pool = f"vidd-{uuid.uuid4().hex[:6]}"
+    budget = 96
+    try:
+        summary = main([
+            "experiment=vidd_molecule", f"output_dir={tmp_path}", "run_name=smoke", f"pool.name={pool}",
+            "experiment.methods=[vidd,best_of_n]", "experiment.n_train=300", "experiment.n_heldout=30",
+            "experiment.seq_len=24", "experiment.d_model=32", "experiment.n_layers=1", "experiment.n_heads=2",
+            "experiment.pretrain_steps=20", "experiment.num_sampling_steps=6", f"experiment.query_budget={budget}",
+            "experiment.batch_size=8", "experiment.timesteps_per_trajectory=2", "experiment.refresh_interval=2",
+            "experiment.best_of_n_outputs=16", "experiment.eval_samples=16", "experiment.eval_every=2",
+            "experiment.nll_time_samples=1"])
+        from experiments.samplers import attach_pool
+        shared = attach_pool({"name": pool})
+        stats = shared.stats()
+        # a crashing oracle inside a pool worker: the request succeeds and the errors come back as counts
+        cfg = _sampler_config(_vocab(), {"kind": "custom", "factory": "tests.test_vidd_cluster:raising_reward"})
+        shared.publish("raising", _weights(cfg))
+        (res,) = shared.map("diffusion", [{"kind": "sample", "n": 48, "seed": 3, "model": "pretrained"}], config=cfg,
+                            weights="raising")
+    finally:
+        _shutdown_pool(pool)
+    assert set(summary) == {"task", "query_budget", "pretrained", "methods", "plots"}
+    assert summary["task"] == "molecule" and summary["query_budget"] == budget
+    assert set(summary["pretrained"]) == {"median_reward", "top10_reward", "nll", "diversity", "validity"}
+    assert set(summary["methods"]) == {"vidd", "best_of_n"}
+    keys = {"median_reward", "top10_reward", "mean_reward", "nll", "diversity", "validity", "uniqueness", "queries",
+            "wall_s"}
+    for m, s in summary["methods"].items():
+        assert set(s) == keys, m
+        assert 0 < s["queries"] <= budget, (m, s)
+        assert 0.0 <= s["median_reward"] <= 1.0 and s["nll"] > 0
+    assert summary["methods"]["vidd"]["queries"] >= budget - 1  # VIDD spends its budget (pairs of 2)
+    for plot in summary["plots"]:
+        assert plot.endswith((".png",)) and __import__("os").path.getsize(plot) > 5_000
+
+    run = tmp_path / "vidd_molecule" / "smoke"
+    df = read_metrics(run)
+    vidd_rows = df[df["method_id"] == 0]
+    assert vidd_rows["queries"].is_monotonic_increasing and vidd_rows["queries"].max() <= budget
+    assert vidd_rows["reward_median"].notna().sum() >= 2  # evaluated on schedule and at the end
+    assert {-1.0, 0.0, 1.0} <= set(df["method_id"].unique())
+    samples = ParquetStore(run / "data" / "samples").read().to_pandas()
+    assert set(samples["method"]) == {"pretrained", "best_of_n", "vidd"}
+    assert (samples.groupby("method").size() >= 16).all()
+    assert samples["reward"].between(0, 1).all() and samples["sequence"].str.len().gt(0).any()
+    # all diffusion sampling went through the pool: pretrained eval, best-of-N candidates, roll-ins, evaluations
+    diffusion = stats["per_sampler"]["diffusion"]
+    iterations = int(vidd_rows["iteration"].max())
+    assert diffusion["requests"] >= 2 + 2 * iterations and diffusion["samples"] >= 16 + 96 + 8 * iterations
+    assert (run / "checkpoints" / "learner-vidd").is_dir() and (run / "pretrained.pt").is_file()
+    tokens = torch.as_tensor(res["tokens"]).long()
+    unique = torch.unique(tokens, dim=0)
+    assert res["reward_info"]["n_errors"] == int((unique[:, 0] == 0).sum()) > 0
+    assert res["queries"] == len(unique) and np.isfinite(res["rewards"]).all()
