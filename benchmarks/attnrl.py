@@ -142,20 +142,24 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--eval-per-difficulty", type=int, default=32)
     ap.add_argument("--eval-every", type=int, default=4, help="updates between evaluations")
     ap.add_argument("--prompts-per-batch", type=int, default=8)
-    ap.add_argument("--quick", action="store_true", help="budget 15k tokens, 16 eval problems per difficulty")
+    ap.add_argument("--sft-steps", type=int, default=None, help="cap on SFT steps (default: SFTConfig's)")
+    ap.add_argument("--quick", action="store_true",
+                    help="budget 8k tokens, 12 eval problems per difficulty, SFT capped at 400 steps")
     ap.add_argument("--cache", default="/tmp/orrery-attnrl-bench", help="SFT model cache directory")
     ap.add_argument("--plot", default="benchmarks/attnrl.png")
     ap.add_argument("--json", default=None, help="write all results here")
     ap.add_argument("--record", default=None, help="append the table to this Markdown file")
     args = ap.parse_args(argv)
     if args.quick:
-        args.budget, args.eval_per_difficulty = 15_000, 16
+        args.budget, args.eval_per_difficulty = 8_000, 12
+        args.sft_steps = args.sft_steps or 400
     logging.basicConfig(level=logging.WARNING)
     torch.set_num_threads(1)
 
     task = ReasoningTask()
     t0 = time.perf_counter()
-    sft, info = pretrained_policy(task, GPTConfig(vocab_size=task.tokenizer.vocab_size), SFTConfig(),
+    sft_cfg = SFTConfig() if args.sft_steps is None else SFTConfig(max_steps=args.sft_steps)
+    sft, info = pretrained_policy(task, GPTConfig(vocab_size=task.tokenizer.vocab_size), sft_cfg,
                                   cache_dir=args.cache)
     sft_s = time.perf_counter() - t0
     problems = [p for d in range(task.cfg.min_steps, task.cfg.max_steps + 1)
@@ -211,7 +215,7 @@ Command (repo root): `{cmd}`
 
 Machine: 2 cores shared with other jobs (load average {'/'.join(load)} at the end); torch {torch.__version__}, 1 thread.
 Task: envs.reasoning default (1-6 steps, mod 10, ops +-); model: algos.gpt default (2 layers, 4 heads, d=64) after
-SFT ({info['steps']} steps, stopped at 90% greedy accuracy on 1-step problems). RL: algos.attnrl.RLConfig defaults
+SFT ({info['steps']} steps; SFTConfig defaults{'' if args.sft_steps is None else f', capped at {args.sft_steps} steps'}). RL: algos.attnrl.RLConfig defaults
 (n=6, N=2, T=2, rho=0.2, Delta=2, lr 1e-4, clip 0.2/0.28, KL 1e-3), {args.prompts_per_batch} prompts per batch,
 {args.budget} generated tokens per run (all calls counted), seeds {args.seeds}{' (--quick)' if args.quick else ''}.
 Greedy accuracy on {args.eval_per_difficulty} fixed problems per difficulty; mean ± std over seeds. Wall time

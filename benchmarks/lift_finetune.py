@@ -1,6 +1,6 @@
 """LIFT finetuning benchmark: real env steps to recover 80 % of the pre-change return, LIFT vs the baselines.
 
-    python -m benchmarks.lift_finetune                      # 3 seeds, InvertedPendulum-v5, gear x0.4
+    python -m benchmarks.lift_finetune                      # 3 seeds, InvertedPendulum-v5, gravity x4 (default)
     python -m benchmarks.lift_finetune --quick              # 1 seed, short epochs (laptop check, minutes)
     python -m benchmarks.lift_finetune --task walker2d --pretrain-run runs/lift_pretrain/<run>
 
@@ -123,7 +123,7 @@ def main() -> None:
         pretrain = Path(args.pretrain_run) if args.pretrain_run else out / f"pretrain-seed{seed}"
         if not args.pretrain_run and not (pretrain / "agent.pt").exists():
             t0 = time.perf_counter()
-            pretrain_in_process(pretrain, args.task, args.pretrain_steps, seed)
+            pretrain_in_process(pretrain, args.task, args.pretrain_steps, seed, batch_size=1024)  # ~1000 at 8k steps
             log.info("seed %d: pretrained in %.0f s", seed, time.perf_counter() - t0)
         pool = f"bench-lf-{uuid.uuid4().hex[:6]}"
         summary = run_main(["experiment=lift_finetune", f"env={args.task}", f"experiment.pretrain_run={pretrain}",

@@ -3,20 +3,21 @@
 A problem is a short program over single-letter variables, e.g. (modulus 10)::
 
     prompt   a=7;b=5;c=a+b;d=c*b;?d\n
-    response c=a+b:7+5;c=2\n
-             d=c*b:2*5;d=0\n
+    response c=a+b:a7+b5;c=2\n
+             d=c*b:c2*b5;d=0\n
              ans=0<eos>
 
 Each response line is one reasoning step (steps end at the newline delimiter; the prompt is step 0). A line copies
-its symbolic definition from the prompt, then copies its operand *values* from where they were defined, and ends
-with its own result written ``name=value`` exactly like an input of the prompt. A value is defined in one place
-only (the prompt for inputs, the step's own line otherwise), so a later step that consumes ``c`` has to look back
-at the line that computed ``c``: the true influence of every step is known (:func:`step_influence`), which is what
-AttnRL's FCI scores are checked against. Difficulty is the number of computation steps. Reward is exact match of
-the final ``ans=`` line.
+its definition from the prompt, then each operand name followed by its value, copied from where that value was
+defined, and ends with its own result written ``name=value`` exactly like an input of the prompt. A value is
+defined in one place only (the prompt for inputs, the step's own line otherwise), so a later step that consumes
+``c`` has to look back at the line that computed ``c``: the true influence of every step is known
+(:func:`step_influence`), which is what AttnRL's FCI scores are checked against. Difficulty is the number of
+computation steps. Reward is exact match of the final ``ans=`` line.
 
-The layout is chosen so that a two-layer transformer learns it in a few hundred steps: every value definition is
-``name=value`` (name two tokens before the value) and every value use sits three tokens after the operand's name.
+The layout is chosen so that a two-layer transformer learns the look-ups within a few hundred steps: a value is
+always emitted right after its variable's name, and every definition site reads ``name=value``, so one look-up is
+"find ``<name>=`` and copy the next token" (an induction-head pattern). Modular arithmetic is what stays hard.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from dataclasses import dataclass, field
 OPS = {"+": lambda x, y: x + y, "-": lambda x, y: x - y, "*": lambda x, y: x * y}
 ANSWER_PREFIX = "ans="
 DELIMITER = "\n"
-VALUES_MARK = ":"  # separates a step's definition from its operand values
+VALUES_MARK = ":"  # separates a step's definition from its operands (name + value)
 ASSIGN_MARK = ";"  # precedes the step's result, written ``name=value`` like the prompt's inputs
 VARIABLE_NAMES = "abcdefghijklmnopqrstuvwxyz"
 

@@ -117,3 +117,68 @@ def test_attnrl_run_on_the_pool_keeps_the_off_policy_order(tmp_path, ray_cluster
     first_version = dict(zip(calls["init_batch"], calls["weights_version"]))
     for _, c in cont.iloc[1:].iterrows():
         assert c["weights_version"] > first_version[c["cont_batch"]]
+
+
+class _InProcessPool:
+    """The pool's interface (publish by version, map over "lm" requests) with the real LMSampler, no Ray."""
+
+    def __init__(self) -> None:
+        self.published: dict[str, tuple[int, dict]] = {}
+        self.sampler: LMSampler | None = None
+        self.requests = 0
+
+    def publish(self, key: str, weights: dict) -> int:
+        version = self.published.get(key, (0, None))[0] + 1
+        self.published[key] = (version, weights)
+        return version
+
+    def map(self, name: str, requests: list, config: dict, weights: str) -> list:
+        assert name == "lm"
+        self.sampler = self.sampler or LMSampler(config)
+        version, w = self.published[weights]
+        if self.sampler.version != version:
+            self.sampler.load_weights(w, version)
+        self.requests += len(requests)
+        return [self.sampler.sample(r) for r in requests]
+
+
+def test_pool_generator_keeps_the_off_policy_order_without_ray():
+    """algos.attnrl.train through PoolGenerator: call m samples batch m's continuations and batch m+1's originals
+    with the weights published after m updates; rewards and FCI come back from the sampler."""
+    from algos.attnrl import RLConfig, train
+    from envs.reasoning import ReasoningTaskConfig
+    from experiments.attnrl import PoolGenerator, RecordingTask
+    task = ReasoningTask(ReasoningTaskConfig(max_steps=2))
+    torch.manual_seed(0)
+    gpt_cfg = GPTConfig(vocab_size=task.tokenizer.vocab_size, n_embd=32)
+    policy = Policy(GPT(gpt_cfg), task.tokenizer)
+    ref = Policy(GPT(gpt_cfg), task.tokenizer)
+    ref.model.load_state_dict(policy.model.state_dict())
+    pool = _InProcessPool()
+    recording = RecordingTask(task, task.tokenizer.encode)
+    gen = PoolGenerator(pool, "run/policy", policy, lambda p: gpt_weights(p, gpt_cfg), recording, num_chunks=2,
+                        sampler_config={"task": {"max_steps": 2}})
+    seen_fci = []
+
+    def log_fn(m):
+        gen.updates += 1
+
+    real_call = gen.__call__
+
+    def spy(*args, **kwargs):
+        rollouts = real_call(*args, **kwargs)
+        seen_fci.extend(r.step_scores is not None for r in rollouts)
+        return rollouts
+
+    out = train("attnrl", policy, ref, recording, RLConfig(prompts_per_batch=2, max_prompts_per_batch=2,
+                                                            token_budget=1200, seed=0), generate_fn=spy,
+                log_fn=log_fn)
+    calls = gen.calls
+    assert out["updates"] >= 2 and gen.generated_tokens == out["generated_tokens"] and all(seen_fci)
+    assert pool.requests == 2 * len(calls)
+    conts = [c for c in calls if c["cont_batch"] >= 0]
+    assert [c["cont_batch"] for c in conts] == list(range(out["updates"]))
+    for c in conts:
+        assert c["updates_before"] == c["cont_batch"]
+        assert c["weights_version"] == gen.version_of_updates[c["updates_before"]]
+    assert all(c["init_batch"] == c["cont_batch"] + 1 for c in conts[:-1]) and conts[-1]["init_batch"] == -1

@@ -32,7 +32,7 @@ def _collect_args(out: Path, run_name: str, pool: str, *extra: str, steps: int =
             f"output_dir={out}", f"run_name={run_name}", "seed=11", *extra]
 
 
-def _wait_for(predicate, timeout_s: float, what: str, proc: subprocess.Popen | None = None):
+def _wait_for(predicate, timeout_s: float, what: str, proc: subprocess.Popen | None = None, every_s: float = 0.02):
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         value = predicate()
@@ -40,7 +40,7 @@ def _wait_for(predicate, timeout_s: float, what: str, proc: subprocess.Popen | N
             return value
         if proc is not None and proc.poll() is not None:
             raise AssertionError(f"process exited ({proc.returncode}) before {what}:\n{proc.stdout.read()[-3000:]}")
-        time.sleep(0.02)
+        time.sleep(every_s)
     raise AssertionError(f"timed out waiting for {what}")
 
 
@@ -164,7 +164,8 @@ def test_tune_trial_killed_is_retried_from_checkpoint(ray_cluster, tmp_path):
 
 def _pool_actor_nodes(head, pool: str) -> dict[str, str]:
     status, body = head.http("/api/v0/actors?limit=10000")
-    assert status == 200, body
+    if status != 200:
+        return {}
     actors = json.loads(body)["data"]["result"]["result"]
     return {a["name"]: a["node_id"] for a in actors
             if a.get("name", "").startswith(f"{pool}-worker-") and a["state"] == "ALIVE"}
@@ -177,9 +178,10 @@ def test_worker_node_leaves_mid_run(tmp_path):
     # live nodes dead on a loaded 2-core machine.
     fast = {"RAY_health_check_period_ms": "1000", "RAY_health_check_timeout_ms": "1000",
             "RAY_health_check_failure_threshold": "5"}
-    head = LocalNode.head(temp / "h", num_cpus=2, env=fast)
-    nodes = [head]
+    nodes: list[LocalNode] = []
     try:
+        head = LocalNode.head(temp / "h", num_cpus=2, env=fast)
+        nodes.append(head)
         nodes.append(LocalNode.worker(head, temp / "w", num_cpus=1))
         pool = "ft-node-pool"
         run_path = tmp_path / "collect" / "d"
@@ -189,7 +191,8 @@ def test_worker_node_leaves_mid_run(tmp_path):
         proc = subprocess.Popen([sys.executable, "-m", "experiments.run", *args], cwd=ROOT, env=head.env,
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         try:
-            placed = _wait_for(lambda: len(p := _pool_actor_nodes(head, pool)) == 2 and p, 180, "the pool", proc)
+            placed = _wait_for(lambda: len(p := _pool_actor_nodes(head, pool)) == 2 and p, 180, "the pool", proc,
+                               every_s=0.5)
             assert len(set(placed.values())) == 2, f"pool not spread over both nodes: {placed}"
             _wait_for(lambda: _committed_step(run_path) >= 1, 180, "the first shard", proc)
             nodes[1].stop(graceful=False)  # the node vanishes: raylet, workers and all, without a goodbye
@@ -201,10 +204,11 @@ def test_worker_node_leaves_mid_run(tmp_path):
         assert summary["transitions"] == SHARDS * ENVS * steps, summary
         assert summary["pool"]["retries"] >= 1 and summary["pool"]["restarts"] >= 1, summary["pool"]
         _check_complete(run_path, steps)
-        after = _pool_actor_nodes(head, pool)
-        assert len(after) == 2 and len(set(after.values())) == 1, f"both workers should now be on the head: {after}"
+        # the lost worker was restarted on the head (maybe after the run, which did not need to wait for it)
+        after = _wait_for(lambda: len(p := _pool_actor_nodes(head, pool)) == 2 and p, 60, "the restarted worker",
+                          every_s=0.5)
+        assert len(set(after.values())) == 1, f"both workers should now be on the head: {after}"
     finally:
         for node in reversed(nodes):
             node.stop()
-        if os.environ.get("ORRERY_KEEP_TMP") is None:
-            shutil.rmtree(temp, ignore_errors=True)
+        shutil.rmtree(temp, ignore_errors=True)

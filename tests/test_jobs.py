@@ -30,12 +30,14 @@ def token_head():
     existed = home_token.exists()
     token = secrets.token_hex(32)
     temp = Path(tempfile.mkdtemp(prefix="orr-job-", dir="/tmp"))  # short: Ray's socket paths must fit 107 bytes
-    # The venv is deliberately NOT on the head's PATH: a bare `python` entrypoint would not find ray there (P2).
-    head = LocalNode.head(temp, num_cpus=2, token=token, env={"PATH": "/usr/bin:/bin"})
+    head = None
     try:
+        # The venv is deliberately NOT on the head's PATH: a bare `python` entrypoint would not find ray there (P2).
+        head = LocalNode.head(temp, num_cpus=2, token=token, env={"PATH": "/usr/bin:/bin"})
         yield head
     finally:
-        head.stop()
+        if head is not None:
+            head.stop()
         shutil.rmtree(temp, ignore_errors=True)
     assert existed or not home_token.exists(), "the test must not leave ~/.ray/auth_token behind"
 

@@ -37,12 +37,14 @@ sys.stdin.readline()   # keep the gauges' process alive until the test has scrap
 @pytest.fixture
 def metrics_head():
     temp = Path(tempfile.mkdtemp(prefix="orr-met-", dir="/tmp"))
-    # Export every second (Ray's default is every 10 s).
-    head = LocalNode.head(temp, num_cpus=2, env={"RAY_metrics_report_interval_ms": "1000"})
+    head = None
     try:
+        # Export every second (Ray's default is every 10 s).
+        head = LocalNode.head(temp, num_cpus=2, env={"RAY_metrics_report_interval_ms": "1000"})
         yield head
     finally:
-        head.stop()
+        if head is not None:
+            head.stop()
         shutil.rmtree(temp, ignore_errors=True)
 
 

@@ -140,7 +140,7 @@ def test_vidd_molecule_end_to_end_through_pool_and_train(tmp_path, ray_cluster):
     iterations = int(vidd_rows["iteration"].max())
     assert diffusion["requests"] >= 2 + 2 * iterations and diffusion["samples"] >= 16 + 96 + 8 * iterations
     assert (run / "checkpoints" / "learner-vidd").is_dir() and (run / "pretrained.pt").is_file()
-    tokens = torch.as_tensor(res["tokens"]).long()
+    tokens = torch.as_tensor(np.array(res["tokens"])).long()
     unique = torch.unique(tokens, dim=0)
     assert res["reward_info"]["n_errors"] == int((unique[:, 0] == 0).sum()) > 0
     assert res["queries"] == len(unique) and np.isfinite(res["rewards"]).all()
