@@ -252,7 +252,7 @@ class Curve:
     settings: str
     evals: list[tuple[int, float, float]] = field(default_factory=list)
     learner_s: list[float] = field(default_factory=list)  # cumulative update time at each evaluation
-    eval_s: float = 0.0
+    eval_s: float | None = 0.0  # None: evaluation ran inside the loop and was not timed apart (orrery)
     setup_s: float | None = None  # before learning starts (model build; for orrery: Ray and Ray Train start)
     total_env_steps: int = 0
     total_wall_s: float = 0.0
@@ -328,6 +328,7 @@ def orrery_pendulum(budget: Budget, out: Path, stamp: str) -> Curve:
     curve.evals = [(int(s), float(w), float(r)) for s, w, r in
                    zip(df.loc[ev, "env_steps"], df.loc[ev, "wall_s"], df.loc[ev, "eval_return"])]
     curve.learner_s = [float(x) for x in learner[ev.to_numpy()]]
+    curve.eval_s = None  # the pool evaluates inside the learner loop; its time is in wall_s
     curve.total_env_steps, curve.total_wall_s = int(df["env_steps"].iloc[-1]), float(df["wall_s"].iloc[-1])
     curve.setup_s = wall - curve.total_wall_s  # interpreter, Ray, pool, Ray Train start, plots, shutdown
     curve.note = f"subprocess {wall:.0f} s in all (exit {rc})"
@@ -447,8 +448,9 @@ def rllib_child(budget: Budget, result_path: Path) -> None:
 
         def policy(obs: np.ndarray) -> np.ndarray:
             with torch.no_grad():
-                inputs = module.forward_inference({"obs": torch.as_tensor(obs, dtype=torch.float32)})["action_dist_inputs"]
-            return torch.tanh(inputs.chunk(2, dim=-1)[0]).numpy()  # deterministic squashed-Gaussian action
+                out = module.forward_inference({"obs": torch.as_tensor(obs, dtype=torch.float32)})
+            mean = out["action_dist_inputs"].chunk(2, dim=-1)[0]
+            return torch.tanh(mean).numpy()  # the deterministic action of RLlib's squashed Gaussian, in [-1, 1]
 
         start, last, steps = time.perf_counter(), 0, 0
         while steps < budget.max_env_steps:
@@ -528,7 +530,8 @@ def report_pendulum(curves: list[Curve], budget: Budget) -> str:
                      fmt(learner), fmt(best), fmt(ratio(c.total_env_steps, c.total_wall_s)), fmt(c.setup_s), vs])
         curve_text = ", ".join(f"{s}: {r:.0f}" for s, _, r in c.evals)
         notes.append(f"- {c.learner}: {c.settings}. Evaluations (env steps: return): {curve_text or '-'}. "
-                     f"Evaluation time {c.eval_s:.1f} s. {c.note}".rstrip())
+                     + ("Evaluation inside the learner loop (pool), not timed apart. " if c.eval_s is None else
+                        f"Evaluation time {c.eval_s:.1f} s. ") + c.note)
     header = ["learner", f"return at threshold ({budget.threshold:g})", "env steps", "wall s", "learner s",
               "best eval", "env steps/s (whole run)", "setup s", "peer / orrery"]
     return markdown_table(header, rows) + "\n\n" + "\n".join(notes)

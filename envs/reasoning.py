@@ -1,6 +1,6 @@
 """Verifiable multi-step reasoning task for AttnRL: step-delimited DAG arithmetic.
 
-A problem is a short program over single-letter variables, e.g. (modulus 10)::
+A problem is a short program over single-letter variables, e.g. (modulus 10, wrap-around)::
 
     prompt   a=7;b=5;c=a+b;d=c*b;?d\n
     response c=a+b:a7+b5;c=2\n
@@ -17,7 +17,7 @@ computation steps. Reward is exact match of the final ``ans=`` line.
 
 The layout is chosen so that a two-layer transformer learns the look-ups within a few hundred steps: a value is
 always emitted right after its variable's name, and every definition site reads ``name=value``, so one look-up is
-"find ``<name>=`` and copy the next token" (an induction-head pattern). Modular arithmetic is what stays hard.
+"find ``<name>=`` and copy the next token" (an induction-head pattern).
 """
 
 from __future__ import annotations
@@ -40,7 +40,11 @@ class ReasoningTaskConfig:
     Each step combines two distinct earlier variables. ``recency_bias`` is the probability that one of them is the
     most recently defined variable (long dependency chains); otherwise both are drawn uniformly from all earlier
     variables (fan-out, unused distractor steps).
-    Values are written zero-padded to a fixed width so every step line has the same length.
+    Values are written zero-padded to a fixed width so every step line has the same length. With ``bounded``,
+    each step's operator (and, for non-commutative ones, operand order) is drawn among those whose exact result
+    lies in [0, modulus - 1], so no wrap-around ever happens: plain small-number arithmetic is monotone in each
+    operand and a two-layer transformer picks it up within a few hundred updates, whereas modular addition (no
+    first-order signal) sits at chance for thousands. ``bounded=False`` reduces modulo ``modulus`` (real LMs).
     """
 
     min_steps: int = 1
@@ -48,6 +52,7 @@ class ReasoningTaskConfig:
     num_inputs: int = 2
     modulus: int = 10
     ops: str = "+-"
+    bounded: bool = True
     recency_bias: float = 0.5
 
     def __post_init__(self) -> None:
@@ -137,11 +142,15 @@ def sample_problem(cfg: ReasoningTaskConfig, rng: random.Random, difficulty: int
     steps = []
     for _ in range(num_steps):
         # Distinct operands: "x-x" would make a step's value independent of its inputs.
-        left = defined[-1] if rng.random() < cfg.recency_bias else rng.choice(defined)
-        right = rng.choice([v for v in defined if v != left])
-        if rng.random() < 0.5:
-            left, right = right, left
-        op, target = rng.choice(cfg.ops), next(names)
+        first = defined[-1] if rng.random() < cfg.recency_bias else rng.choice(defined)
+        second = rng.choice([v for v in defined if v != first])
+        choices = [(op, x, y) for op in cfg.ops for x, y in ((first, second), (second, first))]
+        if cfg.bounded:
+            choices = [c for c in choices if 0 <= OPS[c[0]](values[c[1]], values[c[2]]) < cfg.modulus] or [
+                (op, x, y) for op in "+-" for x, y in ((first, second), (second, first))
+                if 0 <= OPS[op](values[x], values[y]) < cfg.modulus]  # + or - always has an in-range order
+        op, left, right = rng.choice(choices)
+        target = next(names)
         values[target] = OPS[op](values[left], values[right]) % cfg.modulus
         steps.append(Step(target, left, op, right))
         defined.append(target)

@@ -218,7 +218,7 @@ class PoolGenerator:
     """
 
     def __init__(self, pool, key: str, policy, weights_fn, task: RecordingTask, num_chunks: int,
-                 fci_of_step_fn=None, sampler_config: dict | None = None) -> None:
+                 sampler_config: dict | None = None) -> None:
         self.pool, self.key, self.policy, self.weights_fn = pool, key, policy, weights_fn
         self.task, self.num_chunks = task, num_chunks
         self.sampler_config = sampler_config or {}

@@ -182,7 +182,8 @@ def main(argv: list[str] | None = None) -> Any:
         tuner = tune.Tuner(
             trainable, param_space=T.tune_space(sweep.params),
             tune_config=tune.TuneConfig(metric=sweep.metric, mode=sweep.mode, num_samples=sweep.num_samples,
-                                        scheduler=T.scheduler(sweep), max_concurrent_trials=sweep.max_concurrent),
+                                        scheduler=T.scheduler(sweep), max_concurrent_trials=sweep.max_concurrent,
+                                        reuse_actors=True),  # a trial process serves the next trial: no re-imports
             run_config=tune.RunConfig(name=TUNE_DIR, storage_path=str(path), verbose=1,
                                       failure_config=tune.FailureConfig(max_failures=sweep.max_failures),
                                       checkpoint_config=tune.CheckpointConfig(num_to_keep=sweep.keep_checkpoints)))

@@ -76,6 +76,10 @@ def test_pool_worker_killed_mid_run(ray_cluster, pool_factory, tmp_path):
     from experiments.run import main
     pool = pool_factory(num_workers=2, num_cpus=0.5)
     pids = [ray.get(w.ping.remote()) for w in pool.workers()]
+    # Warm both workers up (imports, env construction): shards then take equal time, so after the first commit
+    # both workers are busy and the kill lands mid-request.
+    pool.map("env", [{"steps": 1, "reset_seed": 0}] * 2,
+             config={"task": "humanoid", "num_envs": ENVS, "physics_state": True})
     run_path = tmp_path / "collect" / "a"
 
     def kill_worker():
@@ -171,6 +175,22 @@ def _pool_actor_nodes(head, pool: str) -> dict[str, str]:
             if a.get("name", "").startswith(f"{pool}-worker-") and a["state"] == "ALIVE"}
 
 
+def _only_node_id(head) -> str:
+    """The id of the (only) node alive now."""
+    status, body = head.http("/api/v0/nodes?limit=100")
+    (node,) = [n for n in json.loads(body)["data"]["result"]["result"] if n["state"] == "ALIVE"]
+    return node["node_id"]
+
+
+def _requests_running_on(head, node_id: str) -> int:
+    status, body = head.http("/api/v0/tasks?limit=10000")
+    if status != 200:
+        return 0
+    tasks = json.loads(body)["data"]["result"]["result"]
+    return sum(1 for t in tasks if t.get("name") == "PoolWorker.run" and t.get("state") == "RUNNING"
+               and t.get("node_id") == node_id)
+
+
 def test_worker_node_leaves_mid_run(tmp_path):
     from cluster.deploy.local import LocalNode
     temp = Path(tempfile.mkdtemp(prefix="orr-ft-", dir="/tmp"))
@@ -182,10 +202,11 @@ def test_worker_node_leaves_mid_run(tmp_path):
     try:
         head = LocalNode.head(temp / "h", num_cpus=2, env=fast)
         nodes.append(head)
+        head_node = _only_node_id(head)
         nodes.append(LocalNode.worker(head, temp / "w", num_cpus=1))
         pool = "ft-node-pool"
         run_path = tmp_path / "collect" / "d"
-        steps = 4 * STEPS  # longer shards: the node must leave while both workers are busy
+        steps = 2 * STEPS
         args = _collect_args(tmp_path, "d", pool, "pool.strategy=SPREAD", "pool.num_workers=2",
                              f"cluster.address={head.gcs_address}", steps=steps)
         proc = subprocess.Popen([sys.executable, "-m", "experiments.run", *args], cwd=ROOT, env=head.env,
@@ -194,7 +215,11 @@ def test_worker_node_leaves_mid_run(tmp_path):
             placed = _wait_for(lambda: len(p := _pool_actor_nodes(head, pool)) == 2 and p, 180, "the pool", proc,
                                every_s=0.5)
             assert len(set(placed.values())) == 2, f"pool not spread over both nodes: {placed}"
-            _wait_for(lambda: _committed_step(run_path) >= 1, 180, "the first shard", proc)
+            (leaving,) = set(placed.values()) - {head_node}
+            # Shards are committed in order, so progress says little about the other node: ask the state API
+            # for a request running there, then take the node away in the middle of it.
+            _wait_for(lambda: _requests_running_on(head, leaving), 180, "a request on the worker node", proc,
+                      every_s=0.25)
             nodes[1].stop(graceful=False)  # the node vanishes: raylet, workers and all, without a goodbye
             out, _ = proc.communicate(timeout=300)
         finally:

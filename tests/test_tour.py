@@ -19,6 +19,15 @@ TINY = [
     'experiment.lift_finetune=["experiment.methods=[lift,sac_finetune]","experiment.epochs=2",'
     '"experiment.real_steps_per_epoch=200","experiment.prefill_steps=200","experiment.wm_pretrain_steps=100",'
     '"experiment.wm_retrain_steps=50","experiment.hupt_schedule=[0,1,2,2]","experiment.eval_episodes=2"]',
+    'experiment.vidd=["experiment.methods=[vidd,best_of_n]","experiment.n_train=300","experiment.n_heldout=30",'
+    '"experiment.seq_len=24","experiment.d_model=32","experiment.n_layers=1","experiment.n_heads=2",'
+    '"experiment.pretrain_steps=20","experiment.num_sampling_steps=6","experiment.query_budget=96",'
+    '"experiment.batch_size=8","experiment.timesteps_per_trajectory=2","experiment.best_of_n_outputs=16",'
+    '"experiment.eval_samples=16","experiment.eval_every=0"]',
+    'experiment.attnrl=["experiment.methods=[attnrl,grpo]","experiment.task.max_steps=3",'
+    '"experiment.sft.max_steps=40","experiment.sft.eval_every=20","experiment.sft.eval_problems_per_difficulty=4",'
+    '"experiment.rl.prompts_per_batch=2","experiment.rl.token_budget=600","experiment.rl.max_prompts_per_batch=4",'
+    '"experiment.eval_problems_per_difficulty=4","experiment.eval_every_updates=2"]',
 ]
 
 
@@ -47,7 +56,9 @@ def test_tour_runs_every_method_and_reports_what_the_metrics_say(tmp_path, ray_c
         assert (report_dir / plot).stat().st_size > 5_000 and f"({plot})" in report
     for claim in data["claims"]:
         assert f"| {claim['paper']} | {claim['claim']} | {claim['observed']} | {claim['holds']} |" in report
-    assert {"env"} <= set(data["pool"]["per_sampler"]), data["pool"]["per_sampler"]
+    assert {"env", "diffusion", "lm"} <= set(data["pool"]["per_sampler"]), data["pool"]["per_sampler"]
+    for heading in ("## VIDD", "## AttnRL"):
+        assert heading in report
 
     runs = tmp_path / "tour" / "t" / "runs"
     pre = json.loads((runs / "lift_pretrain" / "lift_pretrain" / "summary.json").read_text())
@@ -59,3 +70,15 @@ def test_tour_runs_every_method_and_reports_what_the_metrics_say(tmp_path, ray_c
     for name, m in fin["methods"].items():
         row = re.search(rf"^\| {name} \| [^|]+ \| ([^|]+) \|", report, re.M)
         assert row and row.group(1).strip() == f"{m['final_return']:.3g}"
+
+    vidd = json.loads((runs / "vidd_molecule" / "vidd_molecule" / "summary.json").read_text())
+    for name, m in vidd["methods"].items():
+        row = re.search(rf"^\| {name} \| ([^|]+) \| ([^|]+) \|", report, re.M)
+        assert row and row.group(1).strip() == f"{m['median_reward']:.3g}"
+        assert m["queries"] <= vidd["query_budget"]
+    attn = json.loads((runs / "attnrl" / "attnrl" / "summary.json").read_text())
+    for name, m in attn["methods"].items():
+        row = re.search(rf"^\| {name} \| ([^|]+) \|", report, re.M)
+        assert row and row.group(1).strip() == f"{m['accuracy']:.3g}"
+    assert len([c for c in data["claims"] if c["paper"] == "VIDD"]) >= 1
+    assert len([c for c in data["claims"] if c["paper"] == "AttnRL"]) >= 1
