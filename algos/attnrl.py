@@ -419,7 +419,7 @@ class RLConfig:
     branch_points: int = 2  # N
     continuations_per_point: int = 2  # T
     rho: float = 0.2
-    delta: int = 2  # paper 4 (long traces); 1-2 for a handful of steps
+    delta: int = 1  # paper 4 (long traces); the laptop task has 2-5 steps
     zero_first_step: bool = False
     min_branch_distance: int = 1  # tokens; paper 512
     temperature: float = 1.0
@@ -531,7 +531,10 @@ class _Batch:
 
 def train(method: str, policy: Policy, ref: Policy, task, cfg: RLConfig | None = None,
           generate_fn: GenerateFn | None = None, log_fn: Callable[[dict], None] | None = None) -> dict:
-    """Train ``policy`` with ``method`` until ``cfg.token_budget`` generated tokens (or ``max_updates``).
+    """Train ``policy`` with ``method`` for about ``cfg.token_budget`` generated tokens (or ``max_updates``).
+
+    Every sampled token counts (initial samples, continuations, and samples never trained on); a new batch is
+    started only while that is expected to land nearer the budget than stopping (see :func:`_may_start_batch`).
 
     ``task`` provides ``sample(rng, n)``, ``reward(problem, text, finished)`` and ``max_response_chars()``
     (:class:`envs.reasoning.ReasoningTask`). ``generate_fn(policy, requests, max_new_tokens, temperature,
@@ -547,7 +550,7 @@ def train(method: str, policy: Policy, ref: Policy, task, cfg: RLConfig | None =
     torch_gen = torch.Generator().manual_seed(cfg.seed)
     optimizer = torch.optim.Adam(policy.model.parameters(), lr=cfg.lr)
     max_tokens = cfg.max_response_tokens or task.max_response_chars()
-    state = {"tokens": 0, "history": []}
+    state = {"tokens": 0, "history": [], "tokens_at_update": []}
 
     def sample(requests: list[GenerationRequest], version: int, step_score_fn=None) -> list[Rollout]:
         rollouts = generate_fn(policy, requests, max_tokens, cfg.temperature, torch_gen, step_score_fn)
@@ -560,6 +563,7 @@ def train(method: str, policy: Policy, ref: Policy, task, cfg: RLConfig | None =
         return task.reward(problem, policy.codec.decode(rollout.response_ids), rollout.finished)
 
     def record(metrics: dict) -> None:
+        state["tokens_at_update"].append(state["tokens"])
         metrics |= {"method": method, "generated_tokens": state["tokens"]}
         state["history"].append(metrics)
         log.info("%s", metrics)
@@ -573,10 +577,23 @@ def train(method: str, policy: Policy, ref: Policy, task, cfg: RLConfig | None =
     return {"history": state["history"], "generated_tokens": state["tokens"], "updates": len(state["history"])}
 
 
+def _may_start_batch(state: dict, cfg: RLConfig, updates: int, pending: bool) -> bool:
+    """Start another batch only if the run is then expected to end closer to the token budget than by stopping:
+    the cost of a batch is estimated by the tokens of the last update cycle; a pending (off-policy) batch still
+    has its continuations to sample, about half a cycle."""
+    if updates >= cfg.max_updates - (1 if pending else 0):
+        return False
+    marks = state["tokens_at_update"]
+    if not marks:
+        return state["tokens"] < cfg.token_budget
+    per_update = marks[-1] - (marks[-2] if len(marks) > 1 else 0)
+    return state["tokens"] + (1.0 if pending else 0.5) * per_update < cfg.token_budget
+
+
 def _train_grpo(policy, ref, task, cfg, optimizer, rng, sample, score, record, state) -> None:
     n = cfg.samples_per_prompt
     update = 0
-    while state["tokens"] < cfg.token_budget and update < cfg.max_updates:
+    while _may_start_batch(state, cfg, update, pending=False):
         t0 = time.perf_counter()
         problems = task.sample(rng, cfg.prompts_per_batch)
         requests = [GenerationRequest(tuple(policy.codec.encode(p.prompt)), tag=(i, j))
@@ -650,9 +667,7 @@ def _train_tree(method, policy, ref, task, cfg, optimizer, rng, sample, score, r
     batch_size = cfg.prompts_per_batch
     updates = 0
     while True:
-        pending_updates = 1 if scheduler.pending_batch is not None else 0
-        start_new = state["tokens"] < cfg.token_budget and updates + pending_updates < cfg.max_updates
-        call = scheduler.next_call(start_new)
+        call = scheduler.next_call(_may_start_batch(state, cfg, updates, scheduler.pending_batch is not None))
         if call is None:
             break
         t0 = time.perf_counter()

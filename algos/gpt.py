@@ -142,13 +142,13 @@ class GPT(nn.Module):
         B, T = input_ids.shape
         past_len = past_key_values[0][0].shape[2] if past_key_values else 0
         total = past_len + T
-        if total > self.cfg.block_size:
-            raise ValueError(f"sequence length {total} exceeds block_size {self.cfg.block_size}")
         device = input_ids.device
         if attention_mask is None:
             attention_mask = torch.ones(B, total, dtype=torch.long, device=device)
         if position_ids is None:
             position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)[:, past_len:]
+        if int(position_ids.max()) >= self.cfg.block_size:  # padding may make the cache longer; positions count
+            raise ValueError(f"position {int(position_ids.max())} exceeds block_size {self.cfg.block_size}")
         q_pos = torch.arange(past_len, total, device=device)[:, None]
         k_pos = torch.arange(total, device=device)[None, :]
         # A padding query sees only padding; letting every query see itself keeps its softmax finite.

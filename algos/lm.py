@@ -251,7 +251,7 @@ def _generate_batch(policy: Policy, requests: list[GenerationRequest], max_new_t
         with policy.autocast():
             logits, past, attentions = _forward(model, tokens[:, None], mask, positions[:, None], past, True,
                                                 need_attn)
-        positions = positions + 1
+        positions = positions + (~done).long()  # finished rows keep feeding padding at a frozen position
         if need_attn:
             acc.add(attentions, new_steps[:, None], token_steps)
         done |= finishing

@@ -412,6 +412,29 @@ def sample(
     )
 
 
+@torch.no_grad()
+def complete(
+    model: nn.Module,
+    x: Tensor,
+    next_step: Tensor,
+    T: int,
+    generator: torch.Generator | None = None,
+    schedule: LogLinearSchedule | None = None,
+) -> Tensor:
+    """Finish ancestral sampling: row ``i`` of ``x`` is a state after ``next_step[i]`` of ``T`` reverse steps
+    (``next_step == T``: already clean); runs the remaining steps and returns clean sequences."""
+    schedule = schedule or LogLinearSchedule()
+    x = x.clone()
+    next_step = torch.as_tensor(next_step).reshape(-1)
+    for step in range(int(next_step.min()) if len(next_step) else T, T):
+        rows = next_step <= step
+        if not rows.any():
+            continue
+        t, s = step_times(T, step)
+        x[rows] = reverse_step(model, x[rows], t, s, schedule, generator)
+    return x
+
+
 # --------------------------------------------------------------------------------------------------
 # Exact sample distribution on tiny spaces (tests and toy studies)
 # --------------------------------------------------------------------------------------------------

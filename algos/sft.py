@@ -44,9 +44,9 @@ class SFTConfig:
     eval_every: int = 25
     eval_problems_per_difficulty: int = 32
     short_difficulty: int = 1  # problems with at most this many steps are "short"
-    target_short_accuracy: float = 0.9  # stop once greedy accuracy on short problems reaches this
+    target_short_accuracy: float = 0.8  # stop once greedy accuracy on short problems reaches this
     curriculum: bool = True
-    curriculum_threshold: float = 0.7
+    curriculum_threshold: float = 0.5
     seed: int = 0
 
     def __post_init__(self) -> None:

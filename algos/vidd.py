@@ -39,6 +39,7 @@ from algos import ddpo
 from algos.mdlm import (
     LogLinearSchedule,
     SampleResult,
+    complete,
     denoise_greedy,
     denoise_one_step,
     newly_unmasked_log_prob,
@@ -83,6 +84,9 @@ class VIDDConfig:
     # with greedy_tokens_per_step tokens per pass (protein code); both cost one reward query per state
     value_estimator: Literal["one_step", "greedy"] = "one_step"
     greedy_tokens_per_step: int = 4
+    # v(xbar_{t-1}): "denoised" = same estimator as v(x_t) (Alg. 1); "rollout" = r(x0) of one completion
+    # x0 ~ p_out(. | xbar_{t-1}), unbiased for exp(v*/alpha) (released protein code)
+    next_value: Literal["denoised", "rollout"] = "denoised"
     max_log_weight: float | None = None  # clamp (v_next - v_cur) / alpha from above; None = exact weights
     self_normalize_weights: bool = False  # divide weights by their batch mean (changes the step size only)
     # control variate (not in the paper): write w = 1 + (w - 1) and replace the "1" part, plain MLE on
@@ -123,6 +127,8 @@ class VIDDConfig:
             raise ValueError(f"VIDDConfig.value_estimator must be 'one_step' or 'greedy', got {self.value_estimator!r}")
         if self.greedy_tokens_per_step < 1:
             raise ValueError(f"VIDDConfig.greedy_tokens_per_step must be >= 1, got {self.greedy_tokens_per_step}")
+        if self.next_value not in ("denoised", "rollout"):
+            raise ValueError(f"VIDDConfig.next_value must be 'denoised' or 'rollout', got {self.next_value!r}")
         if self.value_model not in ("rollout", "student"):
             raise ValueError(f"VIDDConfig.value_model must be 'rollout' or 'student', got {self.value_model!r}")
         if self.ddpo_clip <= 0:
@@ -189,6 +195,22 @@ def soft_optimal_weights(
     return log_w.exp()
 
 
+def denoised_prediction(
+    model: nn.Module, states: Tensor, estimator: Literal["one_step", "greedy"] = "one_step", tokens_per_step: int = 4
+) -> Tensor:
+    """The clean sequence ``x0hat(x)`` that the value ``v(x) = r(x0hat(x))`` scores.
+
+    ``one_step``: the position-wise argmax of one denoiser pass (Alg. 1). On weak denoisers its early-step
+    completions are atypical (runs of the most frequent token), which biases value differences;
+    ``greedy`` decodes iteratively (released protein code), which keeps completions in-distribution.
+    """
+    if estimator == "one_step":
+        return denoise_one_step(model, states)
+    if estimator == "greedy":
+        return denoise_greedy(model, states, tokens_per_step)
+    raise ValueError(f"estimator must be 'one_step' or 'greedy', got {estimator!r}")
+
+
 @torch.no_grad()
 def soft_values(
     value_model: nn.Module,
@@ -197,19 +219,8 @@ def soft_values(
     estimator: Literal["one_step", "greedy"] = "one_step",
     tokens_per_step: int = 4,
 ) -> tuple[Tensor, dict]:
-    """``v(x) = r(x0hat(x))`` (Alg. 1, roll-out): one reward query per state, no Monte Carlo, no critic.
-
-    ``one_step``: x0hat is the position-wise argmax of one denoiser pass (the paper). On weak denoisers its
-    early-step completions are atypical (e.g. runs of the most frequent token), which biases the value
-    differences; ``greedy`` decodes iteratively, which keeps completions in-distribution.
-    """
-    if estimator == "one_step":
-        x0_hat = denoise_one_step(value_model, states)
-    elif estimator == "greedy":
-        x0_hat = denoise_greedy(value_model, states, tokens_per_step)
-    else:
-        raise ValueError(f"estimator must be 'one_step' or 'greedy', got {estimator!r}")
-    rewards, info = reward_fn(x0_hat)
+    """``v(x) = r(x0hat(x))`` (Alg. 1, roll-out): one reward query per state, no Monte Carlo, no critic."""
+    rewards, info = reward_fn(denoised_prediction(value_model, states, estimator, tokens_per_step))
     return torch.as_tensor(np.asarray(rewards), dtype=torch.float32), info
 
 
@@ -271,22 +282,37 @@ def collect_vidd_batch(
     max_queries: int | float = math.inf,
     value_estimator: Literal["one_step", "greedy"] = "one_step",
     greedy_tokens_per_step: int = 4,
+    next_value: Literal["denoised", "rollout"] = "denoised",
+    states_from_rollout_model: bool = False,
     keep_teacher_log_probs: bool = False,
 ) -> tuple[VIDDBatch, dict]:
     """Roll-out and soft values for roll-in ``states`` ``[T+1, B, L]`` at reverse steps ``steps`` ``[B, k]``.
 
-    Transitions in which ``p_out`` unmasks nothing have ``xbar == x_t``, hence equal values and zero
-    loss, so they are not sent to the oracle. When fewer than ``2 * changed`` queries remain, changed
-    transitions are dropped (in random order) until the batch fits the budget.
+    ``v(x_t)`` is always ``r(x0hat(x_t))``. ``v(xbar_{t-1})`` is either the same estimator
+    (``next_value="denoised"``, Alg. 1) or ``r(x0)`` of one completion ``x0 ~ p_out(. | xbar_{t-1})``
+    (``"rollout"``, the released protein code): ``exp(r(x0) / alpha)`` is then an unbiased estimate of
+    ``exp(v*(xbar) / alpha)``, the numerator of the soft-optimal weight. When the roll-in came from
+    ``p_out`` (``states_from_rollout_model``) the trajectory's own next state and final sample are
+    exactly such draws and are reused, so the numerators cost one query per trajectory.
+
+    Transitions in which nothing is unmasked have zero loss and are not sent to the oracle. When fewer
+    than ``2 * changed`` queries remain, changed transitions are dropped at random until the batch fits.
     """
+    if next_value not in ("denoised", "rollout"):
+        raise ValueError(f"next_value must be 'denoised' or 'rollout', got {next_value!r}")
     schedule = schedule or LogLinearSchedule()
     T = states.shape[0] - 1
     batch_index = torch.arange(states.shape[1]).unsqueeze(1).expand_as(steps)
     steps, batch_index = steps.reshape(-1), batch_index.reshape(-1)
     x_t = states[steps, batch_index]
     t, s = step_times(T, steps)
-    teacher_log_probs = x0_log_probs(rollout_model, x_t)
-    x_next = reverse_step(rollout_model, x_t, t, s, schedule, generator, log_p_x0=teacher_log_probs)
+    reuse = next_value == "rollout" and states_from_rollout_model
+    teacher_log_probs = x0_log_probs(rollout_model, x_t) if keep_teacher_log_probs or not reuse else None
+    if reuse:
+        x_next, finals = states[steps + 1, batch_index], states[T, batch_index]
+    else:
+        x_next = reverse_step(rollout_model, x_t, t, s, schedule, generator, log_p_x0=teacher_log_probs)
+        finals = complete(rollout_model, x_next, steps + 1, T, generator, schedule) if next_value == "rollout" else None
     changed = (x_next != x_t).any(dim=-1)
     max_pairs = int(max_queries // 2) if math.isfinite(max_queries) else len(changed)
     if int(changed.sum()) > max_pairs:
@@ -295,14 +321,20 @@ def collect_vidd_batch(
         selected = ~changed
         selected[keep] = True
         x_t, x_next, t, s, changed = x_t[selected], x_next[selected], t[selected], s[selected], changed[selected]
-        teacher_log_probs = teacher_log_probs[selected]
+        teacher_log_probs = teacher_log_probs[selected] if teacher_log_probs is not None else None
+        finals = finals[selected] if finals is not None else None
     v_current = torch.zeros(len(x_t))
     v_next = torch.zeros(len(x_t))
     info: dict = {}
     if changed.any():
-        both = torch.cat([x_t[changed], x_next[changed]])
-        values, info = soft_values(value_model, both, reward_fn, value_estimator, greedy_tokens_per_step)
         n_changed = int(changed.sum())
+        scored_current = denoised_prediction(value_model, x_t[changed], value_estimator, greedy_tokens_per_step)
+        if next_value == "rollout":
+            scored_next = finals[changed]
+        else:
+            scored_next = denoised_prediction(value_model, x_next[changed], value_estimator, greedy_tokens_per_step)
+        values, info = reward_fn(torch.cat([scored_current, scored_next]))  # one oracle call per batch
+        values = torch.as_tensor(np.asarray(values), dtype=torch.float32)
         v_current[changed], v_next[changed] = values[:n_changed], values[n_changed:]
     batch = VIDDBatch(
         x_t=x_t, x_next=x_next, t=t, s=s, v_current=v_current, v_next=v_next, changed=changed,
@@ -487,6 +519,8 @@ def _vidd_iteration(
     batch, _ = collect_vidd_batch(
         rollout_model, value_model, states, steps, reward_fn, generator, max_queries=reward_fn.remaining,
         value_estimator=cfg.value_estimator, greedy_tokens_per_step=cfg.greedy_tokens_per_step,
+        # without refreshes p_out is p_pre, so pretrained roll-ins are p_out roll-ins too
+        next_value=cfg.next_value, states_from_rollout_model=used_rollout or cfg.refresh_interval is None,
         keep_teacher_log_probs=cfg.exact_teacher_term,
     )
     student.train()

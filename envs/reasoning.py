@@ -48,7 +48,7 @@ class ReasoningTaskConfig:
     """
 
     min_steps: int = 1
-    max_steps: int = 6
+    max_steps: int = 4
     num_inputs: int = 2
     modulus: int = 10
     ops: str = "+-"

@@ -241,6 +241,7 @@ def test_driver_samples_continuations_with_the_weights_after_the_previous_update
     from envs.reasoning import CharTokenizer
 
     tok = CharTokenizer()
+    tok.delimiter_ids = frozenset(range(2, tok.vocab_size))  # every token is a step: random text branches
     torch.manual_seed(0)
     policy = Policy(GPT(GPTConfig(vocab_size=tok.vocab_size, n_layer=1, n_head=2, n_embd=16, block_size=32)), tok)
     ref = Policy(GPT(GPTConfig(vocab_size=tok.vocab_size, n_layer=1, n_head=2, n_embd=16, block_size=32)), tok)

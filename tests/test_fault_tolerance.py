@@ -26,8 +26,8 @@ SHARDS, ENVS, STEPS = 8, 2, 150
 N = SHARDS * ENVS * STEPS  # 2400 transitions, 8 shards of ~0.2-0.5 s each on a loaded CI core
 
 
-def _collect_args(out: Path, run_name: str, pool: str, *extra: str, steps: int = STEPS) -> list[str]:
-    return ["experiment=collect", f"experiment.num_transitions={SHARDS * ENVS * steps}",
+def _collect_args(out: Path, run_name: str, pool: str, *extra: str) -> list[str]:
+    return ["experiment=collect", f"experiment.num_transitions={N}",
             f"experiment.num_shards={SHARDS}", f"experiment.envs_per_shard={ENVS}", f"pool.name={pool}",
             f"output_dir={out}", f"run_name={run_name}", "seed=11", *extra]
 
@@ -49,12 +49,12 @@ def _committed_step(run_path: Path) -> int:
     return commit.step if commit else 0
 
 
-def _check_complete(run_path: Path, steps: int = STEPS) -> dict[str, np.ndarray]:
+def _check_complete(run_path: Path) -> dict[str, np.ndarray]:
     """Exactly the requested transitions, every shard once and whole, metrics steps 1..SHARDS each once."""
     data = ParquetStore(run_path / "data" / "transitions").to_numpy()
-    assert len(data["reward"]) == SHARDS * ENVS * steps
+    assert len(data["reward"]) == N
     shards, counts = np.unique(data["shard"], return_counts=True)
-    assert shards.tolist() == list(range(SHARDS)) and set(counts.tolist()) == {ENVS * steps}
+    assert shards.tolist() == list(range(SHARDS)) and set(counts.tolist()) == {ENVS * STEPS}
     assert np.all(np.diff(data["shard"]) >= 0), "shards must be in order"
     metric_steps = ParquetStore(run_path / "metrics").to_numpy(["step"])["step"]
     assert sorted(metric_steps.tolist()) == list(range(1, SHARDS + 1)), metric_steps
@@ -206,9 +206,8 @@ def test_worker_node_leaves_mid_run(tmp_path):
         nodes.append(LocalNode.worker(head, temp / "w", num_cpus=1))
         pool = "ft-node-pool"
         run_path = tmp_path / "collect" / "d"
-        steps = 2 * STEPS
         args = _collect_args(tmp_path, "d", pool, "pool.strategy=SPREAD", "pool.num_workers=2",
-                             f"cluster.address={head.gcs_address}", steps=steps)
+                             f"cluster.address={head.gcs_address}")
         proc = subprocess.Popen([sys.executable, "-m", "experiments.run", *args], cwd=ROOT, env=head.env,
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         try:
@@ -226,9 +225,9 @@ def test_worker_node_leaves_mid_run(tmp_path):
             proc.kill()
         assert proc.returncode == 0, out[-3000:]
         summary = json.loads((run_path / "summary.json").read_text())
-        assert summary["transitions"] == SHARDS * ENVS * steps, summary
+        assert summary["transitions"] == N, summary
         assert summary["pool"]["retries"] >= 1 and summary["pool"]["restarts"] >= 1, summary["pool"]
-        _check_complete(run_path, steps)
+        _check_complete(run_path)
         # the lost worker was restarted on the head (maybe after the run, which did not need to wait for it)
         after = _wait_for(lambda: len(p := _pool_actor_nodes(head, pool)) == 2 and p, 60, "the restarted worker",
                           every_s=0.5)

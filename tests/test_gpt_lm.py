@@ -7,7 +7,7 @@ import random
 import pytest
 import torch
 
-from algos.attnrl import RLConfig, fci_influence_correlation, fci_scores
+from algos.attnrl import fci_influence_correlation, fci_scores
 from algos.gpt import GPT, GPTConfig
 from algos.lm import GenerationRequest, Policy, forward_scores, generate, load_hf_policy
 from algos.sft import SFTConfig, default_cache_dir, pretrained_policy
@@ -159,8 +159,11 @@ def test_step_influence_of_a_hand_written_program():
 
 
 def test_fci_ranks_steps_like_true_influence_on_the_pretrained_model(sft_policy):
+    """On reference solutions, FCI orders steps like the number of later steps that copy their value, and better
+    than the trivial "earlier steps matter more" ranking does."""
     policy, task, _ = sft_policy
-    problems = [p for d in (4, 5) for p in task.sample(random.Random(123), 40, difficulty=d)]
-    corr = fci_influence_correlation(policy, task, problems, delta=RLConfig().delta, transitive=False)
-    assert corr["problems"] >= 40
-    assert corr["spearman"] > 0.5, corr
+    problems = [p for d in (3, 4) for p in task.sample(random.Random(123), 60, difficulty=d)]
+    corr = fci_influence_correlation(policy, task, problems, delta=1, transitive=False)
+    assert corr["problems"] >= 60
+    assert corr["spearman"] > 0.4, corr
+    assert corr["spearman"] > corr["earliness_vs_influence"] + 0.1, corr

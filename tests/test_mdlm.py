@@ -11,6 +11,7 @@ from torch import nn
 
 from algos.mdlm import (
     DenoiserConfig,
+    complete,
     LogLinearSchedule,
     MaskedDenoiser,
     PretrainConfig,
@@ -119,6 +120,19 @@ def test_sampler_trajectory_is_monotone_and_reproducible():
     again = sample(model, 16, 8, 6, torch.Generator().manual_seed(3))
     assert torch.equal(again.tokens, out.tokens)
     assert again.states is None
+
+
+def test_complete_finishes_partial_trajectories():
+    model = tiny_denoiser(vocab_size=5, seq_len=8)
+    traj = sample(model, 6, 8, 4, torch.Generator().manual_seed(0), record_trajectory=True).states
+    # rows taken after different numbers of reverse steps, including already clean ones
+    next_step = torch.tensor([0, 1, 2, 3, 4, 2])
+    partial = traj[next_step, torch.arange(6)]
+    done = complete(model, partial, next_step, 4, torch.Generator().manual_seed(1))
+    assert (done != model.mask_id).all()
+    revealed = partial != model.mask_id
+    assert torch.equal(done[revealed], partial[revealed])
+    assert torch.equal(done[4], traj[4, 4])
 
 
 def test_exact_distribution_matches_sampler_frequencies():

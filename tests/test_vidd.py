@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from algos import ddpo
-from algos.mdlm import DenoiserConfig, MaskedDenoiser, exact_sample_distribution, sample, step_times
+from algos.mdlm import DenoiserConfig, MaskedDenoiser, denoise_one_step, exact_sample_distribution, sample
 from algos.vidd import (
     RewardCounter,
     VIDDBatch,
@@ -141,6 +141,31 @@ def test_exact_teacher_term_is_an_unbiased_control_variate():
     assert exact.item() == pytest.approx(q * ce[[0, 2, 3]].sum().item(), rel=1e-5)
     with pytest.raises(ValueError, match="keep_teacher_log_probs"):
         vidd_loss(student, dataclasses.replace(batch, teacher_log_probs=None), exact_cfg)
+
+
+def test_rollout_next_values_reuse_the_rollin_trajectory():
+    model = tiny_pretrained()
+    g = torch.Generator().manual_seed(0)
+    states = sample(model, 6, L, T, g, record_trajectory=True).states
+    steps = select_steps(6, T, None)
+    counter = RewardCounter(count_of_twos)
+    batch, _ = collect_vidd_batch(model, model, states, steps, counter, g, next_value="rollout",
+                                  states_from_rollout_model=True)
+    flat = steps.reshape(-1)
+    rows = torch.arange(6).repeat_interleave(T)
+    assert torch.equal(batch.x_next, states[flat + 1, rows])
+    finals = torch.as_tensor(count_of_twos(states[T])[0], dtype=torch.float32)
+    assert torch.allclose(batch.v_next[batch.changed], finals[rows][batch.changed])
+    # one query per distinct final sample and per distinct denoised roll-in state
+    x0_hat = torch.unique(torch.cat([denoise_one_step(model, batch.x_t[batch.changed]),
+                                     states[T][rows][batch.changed]]), dim=0)
+    assert counter.n_queries == len(x0_hat)
+
+    # without reuse the completion is sampled afresh from p_out and is clean
+    fresh, _ = collect_vidd_batch(model, model, states, steps, RewardCounter(count_of_twos), g, next_value="rollout")
+    assert (fresh.x_next[fresh.changed] != states[flat + 1, rows][fresh.changed]).any()
+    with pytest.raises(ValueError, match="next_value"):
+        collect_vidd_batch(model, model, states, steps, counter, g, next_value="mc")
 
 
 def test_soft_values_use_one_step_denoising():
