@@ -495,8 +495,8 @@ def ppo_update(policy: Policy, ref: Policy, optimizer: torch.optim.Optimizer, se
             out[i, :len(r)] = torch.tensor(r, dtype=torch.float32)
         return out
 
-    old_lp = padded([s.old_logprobs for s in sequences])
-    adv = padded([s.advantages for s in sequences])
+    old_lp = padded([s.old_logprobs for s in sequences]).to(ref_lp.device)
+    adv = padded([s.advantages for s in sequences]).to(ref_lp.device)
     policy.model.train()
     sums: dict[str, float] = {}
     n_steps = 0

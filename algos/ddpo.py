@@ -69,7 +69,7 @@ def ddpo_iteration(
     states = sample_fn(policy, n, policy.seq_len, T, generator, record_trajectory=True).states
     rewards, _ = reward_fn(states[-1])
     advantages = normalized_advantages(rewards)
-    k = cfg.timesteps_per_trajectory or T
+    k = cfg.steps_per_trajectory
     metrics: dict = {"reward_mean": rewards.mean().item(), "reward_max": rewards.max().item()}
     policy.train()
     with torch.no_grad():

@@ -43,7 +43,8 @@ class Policy:
     autocast_bf16: bool = False
 
     def autocast(self):
-        return torch.autocast("cpu", dtype=torch.bfloat16) if self.autocast_bf16 else contextlib.nullcontext()
+        device = next(self.model.parameters()).device.type
+        return torch.autocast(device, dtype=torch.bfloat16) if self.autocast_bf16 else contextlib.nullcontext()
 
 
 @dataclass(frozen=True)
@@ -67,8 +68,8 @@ class Rollout:
     step_starts: list[int]  # response offset where each response step (1, 2, ...) begins
     step_scores: list[float] | None = None  # step_score_fn(alpha); index 0 is the prompt
     tag: Any = None
-    policy_version: int | None = None  # set by the caller: number of updates behind the sampling weights
-    meta: dict = field(default_factory=dict)
+    policy_version: int | None = None  # set by the caller: number of updates applied to the sampling weights
+    meta: dict = field(default_factory=dict)  # per-rollout extras from the sampler (reward, weights version)
 
     @property
     def response_ids(self) -> list[int]:
@@ -105,8 +106,9 @@ def step_starts_from_ids(step_ids: Sequence[int], first_step: int = 1) -> list[i
 class StepAttentionAccumulator:
     """Running sums ``sum_{t in j, u in k} A[l, h, t, u]`` per sequence, fed with chunks of attention rows."""
 
-    def __init__(self, batch: int, num_layers: int, num_heads: int, num_steps: int = 8) -> None:
-        self.sums = torch.zeros(batch, num_layers, num_heads, num_steps, num_steps)
+    def __init__(self, batch: int, num_layers: int, num_heads: int, num_steps: int = 8,
+                 device: torch.device | str = "cpu") -> None:
+        self.sums = torch.zeros(batch, num_layers, num_heads, num_steps, num_steps, device=device)
 
     def _grow(self, needed: int) -> None:
         S = self.sums.shape[-1]
@@ -120,13 +122,15 @@ class StepAttentionAccumulator:
         S = self.sums.shape[-1]
         wq = nn.functional.one_hot(query_steps + 1, S + 1)[..., 1:].float()  # (B, Tq, S); ignored rows are 0
         wk = nn.functional.one_hot(key_steps + 1, S + 1)[..., 1:].float()
+        wq_t = wq.transpose(1, 2)[:, None]  # (B, 1, S, Tq)
         for layer, a in enumerate(attentions):
             # HF eager attention may leave NaN rows for padding queries; those rows carry zero weight anyway.
-            self.sums[:, layer] += torch.einsum("bqs,bhqk,bkt->bhst", wq, a.float().nan_to_num(0.0), wk)
+            per_key_step = a.float().nan_to_num(0.0) @ wk[:, None]  # (B, H, Tq, S)
+            self.sums[:, layer] += wq_t @ per_key_step
 
     def step_attention(self, b: int, step_ids: Sequence[int]) -> torch.Tensor:
         """alpha (L, H, S, S) of sequence ``b`` whose tokens (prompt included) have ``step_ids``."""
-        counts = torch.bincount(torch.as_tensor(step_ids)).float()
+        counts = torch.bincount(torch.as_tensor(step_ids)).float().to(self.sums.device)
         S = counts.numel()
         return self.sums[b, :, :, :S, :S] / (counts[:, None] * counts[None, :]).clamp(min=1.0)
 
@@ -134,8 +138,8 @@ class StepAttentionAccumulator:
 def aggregate_step_attention(attentions: Sequence[torch.Tensor], step_ids: Sequence[int]) -> torch.Tensor:
     """alpha (L, H, S, S) from full token attention (per layer (H, T, T) or (1, H, T, T)) of one sequence."""
     attn = [a if a.dim() == 4 else a[None] for a in attentions]
-    ids = torch.as_tensor(step_ids)[None]
-    acc = StepAttentionAccumulator(1, len(attn), attn[0].shape[1], int(ids.max()) + 1)
+    ids = torch.as_tensor(step_ids, device=attn[0].device)[None]
+    acc = StepAttentionAccumulator(1, len(attn), attn[0].shape[1], int(ids.max()) + 1, attn[0].device)
     acc.add(attn, ids, ids)
     return acc.step_attention(0, step_ids)
 
@@ -175,10 +179,11 @@ def _sample(logits: torch.Tensor, temperature: float, generator: torch.Generator
 def generate(policy: Policy, requests: Sequence[GenerationRequest], max_new_tokens: int, temperature: float = 1.0,
              generator: torch.Generator | None = None, step_score_fn: StepScoreFn | None = None,
              max_batch_size: int | None = None) -> list[Rollout]:
-    """Sample responses (initial samples and continuations alike) with a KV cache.
+    """Sample responses (initial samples and continuations alike) with a KV cache, on the model's device
+    (``generator`` must live there too).
 
     ``temperature=0`` decodes greedily. With ``step_score_fn`` (e.g. ``functools.partial(attnrl.fci_scores,
-    delta=2)``) the attention rows of every context and sampled token are aggregated into step-to-step attention
+    delta=1)``) the attention rows of every context and sampled token are aggregated into step-to-step attention
     during decoding and each rollout gets ``step_scores = step_score_fn(alpha)``. Everything a remote worker needs
     is the policy weights, the requests and this function; the result is plain Python data.
     """
@@ -212,10 +217,12 @@ def _generate_batch(policy: Policy, requests: list[GenerationRequest], max_new_t
     caps = torch.tensor([min(max_new_tokens, r.max_new_tokens or max_new_tokens) for r in requests])
     if (caps < 1).any():
         raise ValueError("every request needs max_new_tokens >= 1")
+    device = next(model.parameters()).device
+    ids, mask, token_steps, caps, delim = (x.to(device) for x in (ids, mask, token_steps, caps, delim))
     current_step = token_steps[:, -1].clone()
-    empty_response = torch.tensor([len(r.prefix_ids) == 0 for r in requests])
+    empty_response = torch.tensor([len(r.prefix_ids) == 0 for r in requests], device=device)
     opens_step = empty_response | torch.tensor([bool(r.prefix_ids) and r.prefix_ids[-1] in codec.delimiter_ids
-                                                for r in requests])
+                                                for r in requests], device=device)
     positions = mask.sum(1)  # position id of the next token
 
     need_attn = step_score_fn is not None
@@ -224,12 +231,13 @@ def _generate_batch(policy: Policy, requests: list[GenerationRequest], max_new_t
         logits, past, attentions = _forward(model, ids, mask, (mask.cumsum(1) - 1).clamp(min=0), None, True,
                                             need_attn)
     if need_attn:
-        acc = StepAttentionAccumulator(B, len(attentions), attentions[0].shape[1], int(token_steps.max()) + 8)
+        acc = StepAttentionAccumulator(B, len(attentions), attentions[0].shape[1], int(token_steps.max()) + 8,
+                                       device)
         acc.add(attentions, token_steps, token_steps)
     logits = logits[:, -1]
     sampled, sampled_lp, sampled_ent, alive = [], [], [], []  # per decoding step, (B,) each
-    done = torch.zeros(B, dtype=torch.bool)
-    ended_with_eos = torch.zeros(B, dtype=torch.bool)
+    done = torch.zeros(B, dtype=torch.bool, device=device)
+    ended_with_eos = torch.zeros(B, dtype=torch.bool, device=device)
     for t in range(int(caps.max())):
         tokens, lp, ent = _sample(logits, temperature, generator)
         tokens = torch.where(done, torch.full_like(tokens, codec.pad_id), tokens)
@@ -305,6 +313,8 @@ def forward_scores(policy: Policy, prompts: Sequence[Sequence[int]], responses: 
             gather_pos[b, :len(r)] = torch.arange(len(p) - 1, len(p) + len(r) - 1)
             targets[b, :len(r)] = torch.tensor(list(r))
             resp_mask[b, :len(r)] = 1
+    device = next(policy.model.parameters()).device
+    ids, mask, gather_pos, targets, resp_mask = (x.to(device) for x in (ids, mask, gather_pos, targets, resp_mask))
     with policy.autocast():
         all_logits, _, attentions = _forward(policy.model, ids, mask, (mask.cumsum(1) - 1).clamp(min=0), None, False,
                                              output_step_attention)

@@ -16,6 +16,9 @@ still-masked position is unmasked with probability ``(alpha(s) - alpha(t)) / (1 
 drawn from ``p_theta(x0^l | z_t)``; at ``s = 0`` everything is unmasked.
 
 Token convention: real tokens are ``0 .. vocab_size - 1``; the mask token is ``vocab_size``.
+Denoiser protocol (what every function here relies on): an ``nn.Module`` with attributes
+``vocab_size``, ``mask_id`` (= ``vocab_size``) and ``seq_len`` whose ``forward(x [B, L])`` returns
+logits ``[B, L, vocab_size]`` of ``p_theta(x0 | x)``; :class:`MaskedDenoiser` is the default one.
 """
 
 from __future__ import annotations

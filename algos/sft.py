@@ -136,6 +136,9 @@ def pretrain(policy: Policy, task, cfg: SFTConfig | None = None,
     return {"steps": step, "history": history, "accuracy": final.accuracy, "by_difficulty": final.by_difficulty}
 
 
+CACHE_VERSION = 1  # bump when the model, task or training code changes what a given config produces
+
+
 def default_cache_dir() -> Path:
     """``$ORRERY_CACHE_DIR`` or ``<tmp>/orrery_cache``: where pretrained tiny policies are kept between runs."""
     return Path(os.environ.get("ORRERY_CACHE_DIR", Path(tempfile.gettempdir()) / "orrery_cache"))
@@ -150,7 +153,8 @@ def pretrained_policy(task, model_cfg: GPTConfig, sft_cfg: SFTConfig | None = No
     model a fresh run would produce (on the same torch build).
     """
     sft_cfg = sft_cfg or SFTConfig()
-    key = hashlib.sha1(repr((task.cfg, model_cfg, sft_cfg, init_seed, torch.__version__)).encode()).hexdigest()[:16]
+    key = hashlib.sha1(repr((CACHE_VERSION, task.cfg, model_cfg, sft_cfg, init_seed, torch.__version__)).encode()
+                       ).hexdigest()[:16]
     path = Path(cache_dir) / f"sft_{key}.pt" if cache_dir is not None else None
     torch.manual_seed(init_seed)
     model = GPT(model_cfg)

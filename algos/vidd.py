@@ -17,6 +17,13 @@ The sampler (:func:`algos.mdlm.sample`) and the reward oracle are separate calla
 distributed driver can run roll-ins and reward queries on pool workers (:func:`collect_vidd_batch`
 returns plain tensors) and the loss/update (:func:`vidd_loss`) on a learner.
 
+Variants beyond Alg. 1 (off by default; see :class:`VIDDConfig`): ``value_estimator="greedy"``
+(iterative decoding for x0hat), ``next_value="rollout"`` (numerator ``exp(r(x0)/alpha)`` from one
+completion of ``xbar`` under ``p_out``, as the released protein code does; unbiased for the soft value),
+``exact_teacher_term`` (a control variate), ``updates_per_batch``, weight clipping/normalisation.
+With a weak (smoke-scale) denoiser the one-step values r(x0hat) barely move QED while the student
+drifts, whereas ``next_value="rollout"`` learns quickly without drift (tests/test_vidd_molecule.py).
+
 Baselines at the same reward-query budget: ``best_of_n`` (test-time selection from ``p_pre``),
 ``standard_ft`` (``beta = 0``, ``p_out = p_pre`` forever: one-shot distillation of ``p_pre``'s
 soft-optimal policy) and ``ddpo`` (clipped policy gradient over the denoising chain, :mod:`algos.ddpo`).
@@ -29,7 +36,7 @@ import dataclasses
 import logging
 import math
 from dataclasses import dataclass, field
-from typing import Callable, Literal, Sequence
+from typing import Callable, Literal
 
 import numpy as np
 import torch

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import shutil
 import subprocess
 import sys
@@ -106,8 +107,11 @@ def _tail(path: Path, n: int) -> list[str]:
     return lines[-n:]
 
 
+_ANSI = re.compile(r"\x1b\[[0-9;]*m|\[[0-9;]*m")
+
+
 def _last_progress(path: Path) -> str:
-    for line in reversed(_tail(path, 40)):
+    for line in reversed([_ANSI.sub("", ln) for ln in _tail(path, 40)]):
         if "] " in line and ("%" in line or "ETA" in line):
             return line.split("] ", 1)[-1][:110] if line.startswith("[") else line[-110:]
     return "starting"

@@ -13,13 +13,14 @@ from envs.reasoning import ReasoningTask
 
 torch.set_num_threads(1)
 
-TOKEN_BUDGET = 60_000
+TOKEN_BUDGET = 30_000
 MIN_GAIN = 0.05
 
 
 @pytest.fixture(scope="module")
 def sft_policy():
-    """The default (laptop-scale) task, model and SFT run; cached on disk (see algos.sft.default_cache_dir), shared with test_gpt_lm."""
+    """The default (laptop-scale) task, model and SFT run; cached on disk (algos.sft.default_cache_dir) and
+    shared with test_gpt_lm."""
     task = ReasoningTask()
     policy, info = pretrained_policy(task, GPTConfig(vocab_size=task.tokenizer.vocab_size), SFTConfig(),
                                      cache_dir=default_cache_dir())

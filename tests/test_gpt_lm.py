@@ -18,7 +18,8 @@ torch.set_num_threads(1)
 
 @pytest.fixture(scope="module")
 def sft_policy():
-    """The default (laptop-scale) task, model and SFT run; cached on disk (see algos.sft.default_cache_dir), shared with the learning test."""
+    """The default (laptop-scale) task, model and SFT run; cached on disk (algos.sft.default_cache_dir) and
+    shared with test_attnrl_learning."""
     task = ReasoningTask()
     policy, info = pretrained_policy(task, GPTConfig(vocab_size=task.tokenizer.vocab_size), SFTConfig(),
                                      cache_dir=default_cache_dir())

@@ -1,7 +1,13 @@
 """Smoke-scale learning check on molecules: pretrain a tiny MDLM on MOSES SELFIES, then VIDD on QED.
 
 One pretrained model is shared by the module (pretraining is the expensive part). Seeds are fixed;
-thresholds leave room for run-to-run noise of the evaluation sample (256 molecules).
+thresholds leave room for the noise of the evaluation sample (256 molecules; the standard error of a
+median QED is about 0.012).
+
+VIDD runs with ``next_value="rollout"``: the numerator of the soft-optimal weight comes from one
+completion of xbar under p_out (the released protein code's estimator). With Alg. 1's one-step values
+r(x0hat) this tiny denoiser's early-step completions are runs of [C], the value differences are mostly
+artefacts, and 40 iterations raise the median QED by only 0.02-0.05 while the NLL under p_pre grows.
 """
 
 from __future__ import annotations
@@ -30,7 +36,7 @@ def pretrained():
         DenoiserConfig(vocab_size=data.vocab.size, seq_len=MAX_LEN, d_model=64, n_layers=2, n_heads=4, ff_mult=2)
     )
     heldout_before = nelbo(model, data.heldout_tokens, n_time_samples=4, generator=torch.Generator().manual_seed(1))
-    pretrain(model, data.train_tokens, PretrainConfig(steps=400, batch_size=64, lr=2e-3, warmup_steps=20),
+    pretrain(model, data.train_tokens, PretrainConfig(steps=300, batch_size=64, lr=2e-3, warmup_steps=20),
              torch.Generator().manual_seed(0))
     heldout_after = nelbo(model, data.heldout_tokens, n_time_samples=4, generator=torch.Generator().manual_seed(1))
     return data, model, heldout_before.mean().item(), heldout_after.mean().item()
@@ -52,8 +58,8 @@ def test_pretraining_lowers_heldout_nll(pretrained):
 def test_vidd_raises_median_qed_over_pretrained(pretrained):
     data, model, _, _ = pretrained
     cfg = VIDDConfig(
-        alpha=0.1, beta=1.0, refresh_interval=5, timesteps_per_trajectory=None, batch_size=32,
-        num_iterations=40, num_sampling_steps=T, lr=1e-3, seed=0,
+        alpha=0.1, beta=1.0, refresh_interval=5, timesteps_per_trajectory=4, batch_size=32,
+        num_iterations=30, num_sampling_steps=T, lr=1e-3, next_value="rollout", seed=0,
     )
     result = finetune("vidd", model, MoleculeReward(data.vocab, "qed"), cfg)
     before, after = evaluate(model, data, model), evaluate(result.model, data, model)
