@@ -83,7 +83,8 @@ def test_attnrl_run_on_the_pool_keeps_the_off_policy_order(tmp_path, ray_cluster
     assert set(summary["sft"]["accuracy_by_difficulty"]) == {"1", "2", "3"}
     m = summary["methods"]["attnrl"]
     assert set(m) == {"accuracy", "accuracy_by_difficulty", "generated_tokens", "steps", "valid_ratio", "wall_s"}
-    assert summary["token_budget"] == 1500 and m["generated_tokens"] >= 1500 and m["steps"] >= 2
+    # the run stops where it lands nearest the budget: within about half an update cycle (~500 tokens here)
+    assert summary["token_budget"] == 1500 and abs(m["generated_tokens"] - 1500) < 0.4 * 1500 and m["steps"] >= 2
     assert set(m["accuracy_by_difficulty"]) == {"1", "2", "3"} and 0.0 <= m["accuracy"] <= 1.0
     for p in summary["plots"]:
         assert (run / "plots").joinpath(p.rsplit("/", 1)[-1]).stat().st_size > 5_000
