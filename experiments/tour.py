@@ -36,7 +36,7 @@ ROOT = Path(__file__).resolve().parents[1]
 class Config:
     methods: list[str] = field(default_factory=lambda: ["lift", "vidd", "attnrl"])
     report_dir: str | None = None  # default: <run dir>/report
-    # Extra overrides per driver (hydra syntax); the defaults give a laptop run of about 15-20 minutes.
+    # Extra overrides per driver (hydra syntax); the defaults give a laptop run of about 11 minutes (limit 20).
     lift_pretrain: list[str] = field(default_factory=list)
     lift_finetune: list[str] = field(default_factory=list)
     vidd: list[str] = field(default_factory=list)
@@ -110,10 +110,15 @@ def _tail(path: Path, n: int) -> list[str]:
 _ANSI = re.compile(r"\x1b\[[0-9;]*m|\[[0-9;]*m")
 
 
+# a Progress line, possibly behind Ray's "(RayTrainWorker pid=…)" prefix: "[name] 1368/8192 queries (17%) …"
+_PROGRESS = re.compile(r"\[[^\]]+\] (\d+/\d+ .*(?:%|ETA).*)$")
+
+
 def _last_progress(path: Path) -> str:
     for line in reversed([_ANSI.sub("", ln) for ln in _tail(path, 40)]):
-        if "] " in line and ("%" in line or "ETA" in line):
-            return line.split("] ", 1)[-1][:110] if line.startswith("[") else line[-110:]
+        m = _PROGRESS.search(line)
+        if m:
+            return m.group(1)[:100]
     return "starting"
 
 

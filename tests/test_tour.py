@@ -80,5 +80,23 @@ def test_tour_runs_every_method_and_reports_what_the_metrics_say(tmp_path, ray_c
     for name, m in attn["methods"].items():
         row = re.search(rf"^\| {name} \| ([^|]+) \|", report, re.M)
         assert row and row.group(1).strip() == f"{m['accuracy']:.3g}"
+    # the AttnRL-vs-GRPO claim compares the last evaluations within the smaller run's token total
+    tokens = min(m["generated_tokens"] for m in attn["methods"].values())
+    ev = read_metrics(runs / "attnrl" / "attnrl").dropna(subset=["eval_accuracy"])
+    ev = ev[ev["generated_tokens"] <= tokens].sort_values("generated_tokens")
+    acc = {m: ev[ev["method_id"] == i]["eval_accuracy"].iloc[-1] for i, m in enumerate(["attnrl", "grpo"])}
+    claim = next(c for c in data["claims"] if c["claim"].startswith("more accurate than GRPO"))
+    assert claim["observed"].startswith(f"{acc['attnrl']:.3g} vs {acc['grpo']:.3g}") and f"<= {tokens} tokens" in \
+        claim["observed"], claim
     assert len([c for c in data["claims"] if c["paper"] == "VIDD"]) >= 1
     assert len([c for c in data["claims"] if c["paper"] == "AttnRL"]) >= 1
+
+
+def test_status_line_reads_progress_behind_ray_prefixes(tmp_path):
+    from experiments.tour import _last_progress
+    log = tmp_path / "driver.log"
+    log.write_text("\x1b[36m(RayTrainWorker pid=23530)\x1b[0m [vidd vidd] 1368/8192 queries (17%) 136.8 queries/s ETA 0:49\n"
+                   "(raylet) WARNING: 14 PYTHON worker processes have been started\n")
+    assert _last_progress(log) == "1368/8192 queries (17%) 136.8 queries/s ETA 0:49"
+    log.write_text("[tour] cluster up\n")
+    assert _last_progress(log) == "starting"
