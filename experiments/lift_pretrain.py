@@ -133,7 +133,6 @@ def train_fn(config: dict) -> None:
     store = ParquetStore(run_path / "data" / f"replay-rank{rank}")
     sample_gen = torch.Generator(device=device).manual_seed(seed * 7 + rank)
     counters = {"env_steps": 0, "rounds": 0, "wall_s": 0.0, "parquet_parts": 0, "resumed_from": -1}
-    history: list[dict] = []
     with T.latest_checkpoint() as ckpt:
         if ckpt is not None:
             state = torch.load(ckpt / f"rank{rank}.pt", weights_only=False)
@@ -282,7 +281,6 @@ def _param_divergence(agent) -> float:
 
 def _gather_checkpoint(d: Path, rank: int) -> None:
     """Every rank's state must land in rank 0's checkpoint directory: ranks > 0 send theirs through torch.distributed."""
-    import torch
     from cluster import train as T
     if T.world_size() == 1:
         return

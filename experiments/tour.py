@@ -15,10 +15,8 @@ holds report.md, the PNG plots and the per-method run directories (metrics Parqu
 """
 from __future__ import annotations
 
-import json
 import logging
 import re
-import shutil
 import subprocess
 import sys
 import threading

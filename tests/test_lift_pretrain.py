@@ -10,7 +10,6 @@ import time
 import uuid
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from cluster.metrics import read_metrics

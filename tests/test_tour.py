@@ -6,7 +6,6 @@ import json
 import math
 import re
 import uuid
-from pathlib import Path
 
 import pytest
 
@@ -40,7 +39,7 @@ def test_tour_runs_every_method_and_reports_what_the_metrics_say(tmp_path, ray_c
     pool = f"tour-{uuid.uuid4().hex[:6]}"
     from cluster.pool import SharedPool
     try:
-        summary = main(["experiment=tour", f"output_dir={tmp_path}", "run_name=t", f"pool.name={pool}", *TINY])
+        main(["experiment=tour", f"output_dir={tmp_path}", "run_name=t", f"pool.name={pool}", *TINY])
     finally:
         try:
             SharedPool.attach({"name": pool}, create=False).shutdown()

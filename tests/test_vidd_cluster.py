@@ -6,7 +6,6 @@ from __future__ import annotations
 import uuid
 
 import numpy as np
-import pytest
 import torch
 
 from algos.mdlm import DenoiserConfig, MaskedDenoiser
