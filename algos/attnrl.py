@@ -590,6 +590,12 @@ def _may_start_batch(state: dict, cfg: RLConfig, updates: int, pending: bool) ->
     return state["tokens"] + (1.0 if pending else 0.5) * per_update < cfg.token_budget
 
 
+def _valid_tokens(sequences: Sequence[TrainSequence]) -> int:
+    """Trained tokens that carry a learning signal: those of sequences with a nonzero advantage somewhere (the
+    "valid tokens" of the paper's Table 3; zero-advantage sequences only contribute the KL term)."""
+    return sum(len(s.response_ids) for s in sequences if any(a != 0.0 for a in s.advantages))
+
+
 def _train_grpo(policy, ref, task, cfg, optimizer, rng, sample, score, record, state) -> None:
     n = cfg.samples_per_prompt
     update = 0
@@ -610,6 +616,7 @@ def _train_grpo(policy, ref, task, cfg, optimizer, rng, sample, score, record, s
         record({"update": update, "prompts": len(problems), "mean_reward": float(rewards.mean()),
                 "valid_prompt_ratio": valid / len(problems), "train_sequences": len(sequences),
                 "train_tokens": sum(len(s.response_ids) for s in sequences),
+                "valid_train_tokens": _valid_tokens(sequences),
                 "seconds": time.perf_counter() - t0} | stats)
 
 
@@ -709,6 +716,7 @@ def _train_tree(method, policy, ref, task, cfg, optimizer, rng, sample, score, r
                    "expanded_responses": sum(1 for offsets in b.branches.values() if offsets),
                    "continuations": sum(len(c) for c in b.continuations.values()),
                    "train_sequences": len(sequences), "train_tokens": sum(len(s.response_ids) for s in sequences),
+                   "valid_train_tokens": _valid_tokens(sequences),
                    "call_tokens": tokens_this_call, "seconds": time.perf_counter() - t0}
         if cfg.ads.adaptive_batch:
             batch_size = adaptive_batch_size(batch_size, len(sequences), cfg.target_valid_paths, cfg.ads.lam,
