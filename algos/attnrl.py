@@ -527,6 +527,7 @@ class _Batch:
     rewards: list[list[float]] = field(default_factory=list)
     branches: dict = field(default_factory=dict)  # (problem, sample) -> offsets
     continuations: dict = field(default_factory=dict)  # (problem, sample, offset) -> [Branch]
+    initial_tokens: int = 0  # generated for its initial samples (its continuations are still to come)
 
 
 def train(method: str, policy: Policy, ref: Policy, task, cfg: RLConfig | None = None,
@@ -550,7 +551,8 @@ def train(method: str, policy: Policy, ref: Policy, task, cfg: RLConfig | None =
     torch_gen = torch.Generator().manual_seed(cfg.seed)
     optimizer = torch.optim.Adam(policy.model.parameters(), lr=cfg.lr)
     max_tokens = cfg.max_response_tokens or task.max_response_chars()
-    state = {"tokens": 0, "history": [], "tokens_at_update": []}
+    # finished_*: tokens and prompts of batches sampled completely (the per-prompt cost of a batch)
+    state = {"tokens": 0, "history": [], "finished_tokens": 0, "finished_prompts": 0}
 
     def sample(requests: list[GenerationRequest], version: int, step_score_fn=None) -> list[Rollout]:
         rollouts = generate_fn(policy, requests, max_tokens, cfg.temperature, torch_gen, step_score_fn)
@@ -563,7 +565,6 @@ def train(method: str, policy: Policy, ref: Policy, task, cfg: RLConfig | None =
         return task.reward(problem, policy.codec.decode(rollout.response_ids), rollout.finished)
 
     def record(metrics: dict) -> None:
-        state["tokens_at_update"].append(state["tokens"])
         metrics |= {"method": method, "generated_tokens": state["tokens"]}
         state["history"].append(metrics)
         log.info("%s", metrics)
@@ -577,17 +578,21 @@ def train(method: str, policy: Policy, ref: Policy, task, cfg: RLConfig | None =
     return {"history": state["history"], "generated_tokens": state["tokens"], "updates": len(state["history"])}
 
 
-def _may_start_batch(state: dict, cfg: RLConfig, updates: int, pending: bool) -> bool:
-    """Start another batch only if the run is then expected to end closer to the token budget than by stopping:
-    the cost of a batch is estimated by the tokens of the last update cycle; a pending (off-policy) batch still
-    has its continuations to sample, about half a cycle."""
-    if updates >= cfg.max_updates - (1 if pending else 0):
+def _may_start_batch(state: dict, cfg: RLConfig, updates: int, next_prompts: int,
+                     pending: _Batch | None = None) -> bool:
+    """Start a batch of ``next_prompts`` prompts only if the run is then expected to end closer to the token budget
+    than by stopping. A batch's cost is estimated per prompt from the batches finished so far (initial samples and
+    continuations); a ``pending`` off-policy batch still has its continuations to sample: they are owed either way."""
+    if updates >= cfg.max_updates - (1 if pending is not None else 0):
         return False
-    marks = state["tokens_at_update"]
-    if not marks:
+    if state["finished_prompts"]:
+        per_prompt = state["finished_tokens"] / state["finished_prompts"]
+    elif pending is not None:  # nothing finished yet: continuations cost about as much as initial samples
+        per_prompt = 2.0 * pending.initial_tokens / len(pending.problems)
+    else:
         return state["tokens"] < cfg.token_budget
-    per_update = marks[-1] - (marks[-2] if len(marks) > 1 else 0)
-    return state["tokens"] + (1.0 if pending else 0.5) * per_update < cfg.token_budget
+    owed = 0.0 if pending is None else max(0.0, per_prompt * len(pending.problems) - pending.initial_tokens)
+    return state["tokens"] + owed + 0.5 * per_prompt * next_prompts < cfg.token_budget
 
 
 def _valid_tokens(sequences: Sequence[TrainSequence]) -> int:
@@ -599,12 +604,14 @@ def _valid_tokens(sequences: Sequence[TrainSequence]) -> int:
 def _train_grpo(policy, ref, task, cfg, optimizer, rng, sample, score, record, state) -> None:
     n = cfg.samples_per_prompt
     update = 0
-    while _may_start_batch(state, cfg, update, pending=False):
+    while _may_start_batch(state, cfg, update, cfg.prompts_per_batch):
         t0 = time.perf_counter()
         problems = task.sample(rng, cfg.prompts_per_batch)
         requests = [GenerationRequest(tuple(policy.codec.encode(p.prompt)), tag=(i, j))
                     for i, p in enumerate(problems) for j in range(n)]
         rollouts = sample(requests, update)
+        state["finished_tokens"] += sum(r.num_generated for r in rollouts)
+        state["finished_prompts"] += len(problems)
         rewards = torch.tensor([score(problems[r.tag[0]], r) for r in rollouts]).view(len(problems), n)
         adv = grpo_advantages(rewards)
         sequences = [TrainSequence(list(r.prompt_ids), r.response_ids, r.logprobs,
@@ -674,7 +681,8 @@ def _train_tree(method, policy, ref, task, cfg, optimizer, rng, sample, score, r
     batch_size = cfg.prompts_per_batch
     updates = 0
     while True:
-        call = scheduler.next_call(_may_start_batch(state, cfg, updates, scheduler.pending_batch is not None))
+        pending = None if scheduler.pending_batch is None else batches[scheduler.pending_batch]
+        call = scheduler.next_call(_may_start_batch(state, cfg, updates, batch_size, pending))
         if call is None:
             break
         t0 = time.perf_counter()
@@ -692,11 +700,14 @@ def _train_tree(method, policy, ref, task, cfg, optimizer, rng, sample, score, r
         if call.initial_batch is not None:
             b = batches[call.initial_batch]
             init = [r for r in rollouts if r.tag[0] == "init"]
+            b.initial_tokens = sum(r.num_generated for r in init)
             b.initial = [init[i * n:(i + 1) * n] for i in range(len(b.problems))]
             b.rewards = [[score(p, r) for r in rolls] for p, rolls in zip(b.problems, b.initial)]
         if call.continuation_batch is None:
             continue
         b = batches.pop(call.continuation_batch)
+        state["finished_tokens"] += b.initial_tokens + sum(r.num_generated for r in rollouts if r.tag[0] == "cont")
+        state["finished_prompts"] += len(b.problems)
         for r in rollouts:
             if r.tag[0] == "cont":
                 _, i, j, o = r.tag
