@@ -9,6 +9,9 @@ gives the median over repeats:
                  1e-2 noise), so it simulates the same kind of states (contacts set the cost of a step; the
                  mean episode length column checks that every row sees the same episodes).
     (a) gym      a plain single-process gymnasium loop (``env.step``/``env.reset``, random actions).
+    (e) lean     the same loop over ``envs.control.make_env("humanoid")``: the lean Humanoid-v5 of
+                 ``envs.fast_mujoco`` (same observations and rewards) in RescaleAction, the env that (d) and the
+                 pool step.
     (b) async    gymnasium's AsyncVectorEnv, one env process per core, same-step autoreset.
     (d) rollout  ``envs.control.VectorRollout.collect``, as a pool sampler calls it, without Ray.
     pool         the shared pool (``experiments.samplers.attach_pool``, 1 CPU per worker, so N workers = N cores);
@@ -217,10 +220,15 @@ def measure_physics(cores: int, env_steps: int, seed: int) -> Measurement:
 
 
 # -- (a), (b), (d): the env without Ray ----------------------------------------------------------------------------
-def measure_gym_loop(env_steps: int, seed: int, warmup: int = 200) -> Measurement:
-    """(a): one env, one process, ``env.step`` / ``env.reset`` and nothing else."""
+def measure_gym_loop(env_steps: int, seed: int, warmup: int = 200, lean: bool = False) -> Measurement:
+    """(a): one env, one process, ``env.step`` / ``env.reset`` and nothing else; (e) with ``lean``: the env
+    ``envs.control.make_env`` builds (``envs.fast_mujoco.FastHumanoid`` in ``RescaleAction``)."""
     import gymnasium as gym
-    env = gym.make(TASK_ID)
+    if lean:
+        from envs.control import make_env
+        env = make_env(TASK)
+    else:
+        env = gym.make(TASK_ID)
     env.reset(seed=seed)
     space = env.action_space
     actions = np.random.default_rng(seed).uniform(space.low, space.high,
@@ -403,6 +411,8 @@ def run(args: argparse.Namespace) -> tuple[list[Row], dict[str, Any]]:
                 partial(measure_physics, n, args.steps, args.seed))
         add(Row("a", "(a) gymnasium loop, 1 env", 1),
             partial(in_fresh_process, measure_gym_loop, args.steps, args.seed))
+        add(Row("e", "(e) lean env loop (envs.fast_mujoco), 1 env", 1),
+            partial(in_fresh_process, measure_gym_loop, args.steps, args.seed, 200, True))
         for n in cores_list:
             add(Row(f"b{n}", f"(b) AsyncVectorEnv, {n} env process(es)", n),
                 partial(in_fresh_process, measure_async_vector, n, args.steps, args.seed))
@@ -458,14 +468,15 @@ def ratios(rows: list[Row], info: dict) -> list[str]:
                    f"(target >= 0.9), {pool.per_cpu_s / c.per_cpu_s:.2f}x of (c) per CPU-second; "
                    f"{pool.median / by['a'].median:.2f}x (a) in total ({pool.per_core / by['a'].median:.2f}x per "
                    f"core); {pool.median / b.median:.2f}x (b) with {n} env process(es)")
-    c1, a, d, p1 = by["c1"], by["a"], by["d"], by[f"pool1-{big}"]
+    c1, a, e, d, p1 = by["c1"], by["a"], by["e"], by["d"], by[f"pool1-{big}"]
     out.append(f"where the gap to (c) goes, per CPU-second (1 core): (a)/(c) = {a.per_cpu_s / c1.per_cpu_s:.2f} "
                f"(gymnasium's Humanoid step around mj_step: obs, reward, info dict, mass centre, wrappers, "
-               f"mj_rnePostConstraint); (d)/(a) = {d.per_cpu_s / a.per_cpu_s:.2f} (VectorRollout: 16 envs, "
-               f"RescaleAction wrapper, bookkeeping, storing transitions); pool 1 worker/(d) = "
-               f"{p1.per_cpu_s / d.per_cpu_s:.2f} (Ray: per-request cost, result transfer, driver, manager and "
-               f"Ray's own processes); wall clock: {a.median / c1.median:.2f}, {d.median / a.median:.2f}, "
-               f"{p1.median / d.median:.2f}")
+               f"mj_rnePostConstraint); (e)/(c) = {e.per_cpu_s / c1.per_cpu_s:.2f} (the same step in "
+               f"envs.fast_mujoco, RescaleAction kept; (e)/(a) = {e.per_cpu_s / a.per_cpu_s:.2f}); (d)/(e) = "
+               f"{d.per_cpu_s / e.per_cpu_s:.2f} (VectorRollout: 16 envs, bookkeeping, storing transitions); "
+               f"pool 1 worker/(d) = {p1.per_cpu_s / d.per_cpu_s:.2f} (Ray: per-request cost, result transfer, "
+               f"driver, manager and Ray's own processes); wall clock: {a.median / c1.median:.2f}, "
+               f"{e.median / c1.median:.2f}, {d.median / e.median:.2f}, {p1.median / d.median:.2f}")
     out.append(f"the pool's CPU beyond stepping: its worker process alone does {p1.per_worker_cpu_s:.0f} env steps "
                f"per CPU-s = {p1.per_worker_cpu_s / d.per_cpu_s:.2f}x (d); the rest (driver, manager, Ray's own "
                f"processes, idle worker) brings it to {p1.per_cpu_s:.0f}; idle, this driver and Ray's processes use "
@@ -506,15 +517,17 @@ def report(rows: list[Row], info: dict, args: argparse.Namespace) -> str:
         *[f"- {line}" for line in ratios(rows, info)], "",
         "Reading: (c) is what the cores can do. Everything a gymnasium env adds around `mj_step` is Python per env "
         "step: the 348-float observation (qpos, qvel, cinert, cvel, qfrc_actuator, cfrc_ext flattened and "
-        "concatenated), two mass-centre reductions, the reward terms, the info dict, `mj_rnePostConstraint` and four "
-        "wrapper layers; that is the (a)/(c) ratio, a ceiling for anything that steps gymnasium's env. With large "
-        "requests the pool worker steps exactly as fast as (d); what the pool adds is Ray's constant background "
-        "(raylet, GCS, agents: the idle figure above) and a per-request cost (driver -> manager -> worker -> manager "
-        "-> driver, several ms of CPU), which also grows with the number of requests queued in one map (each "
-        "finished request wakes every queued one in `PoolManager._release`). AsyncVectorEnv pays a pipe round trip "
-        "per env step, which shows in its CPU-second column. Getting to 0.9x of (c) needs the per-step work out of "
-        "Python: a fused observation/reward for the task, stepping in C (envpool; `mujoco.rollout` for open-loop "
-        "controls), or MJX / mujoco-warp on a GPU.", "",
+        "concatenated from fresh MjData views), two einsum mass centres, the reward terms, the info dict, "
+        "`mj_rnePostConstraint` and four wrapper layers; that is the (a)/(c) ratio. (e) is the same env step as "
+        "`envs.fast_mujoco` computes it (same observations and rewards, checked by tests/test_fast_mujoco.py): MjData "
+        "views taken once, one `np.concatenate`, a precomputed mass-fraction vector, the time limit counted inside, "
+        "only RescaleAction left as a wrapper; (d) and the pool step this env. (d) adds VectorRollout's per-step "
+        "bookkeeping and 16 envs' MuJoCo data cycling through the cache. With large requests the pool worker steps "
+        "as fast as (d); what the pool adds is Ray's constant background (raylet, GCS, agents: the idle figure "
+        "above) and a per-request cost (driver -> manager -> worker -> manager -> driver, several ms of CPU). The "
+        "manager hands a freed worker straight to the oldest queued request that may use it, instead of waking "
+        "every queued request. AsyncVectorEnv pays a pipe round trip per env step, which shows in its CPU-second "
+        "column.", "",
     ])
 
 

@@ -27,7 +27,7 @@ import json
 import logging
 import os
 import time
-from collections import defaultdict
+from collections import defaultdict, deque
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Iterator, Sequence
 
@@ -153,6 +153,31 @@ def _limit_torch_threads(n: int) -> None:
         pass
 
 
+class RateWindow:
+    """Samples per second over the last ``seconds``: a queue of (time, samples) with a running total, so adding
+    and reading cost O(1) amortised however many requests the window holds."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self.events: deque[tuple[float, int]] = deque()
+        self.total = 0
+
+    def _expire(self, now: float) -> None:
+        while self.events and now - self.events[0][0] >= self.seconds:
+            self.total -= self.events.popleft()[1]
+
+    def add(self, now: float, samples: int) -> None:
+        self.events.append((now, samples))
+        self.total += samples
+        self._expire(now)
+
+    def rate(self, now: float) -> float:
+        """Samples in the window / its span (at least 1 s, so one early request does not read as a burst)."""
+        self._expire(now)
+        span = max(now - self.events[0][0], 1.0) if self.events else 1.0
+        return self.total / span
+
+
 @ray.remote(num_cpus=0, max_restarts=-1, max_task_retries=0, max_concurrency=10_000)
 class PoolManager:
     """Single controller of the pool (async actor: many callers, many in-flight requests)."""
@@ -164,12 +189,13 @@ class PoolManager:
         self.workers: list[Any] = [self._make_worker(i) for i in range(self.cfg.num_workers)]
         self.alive = [True] * self.cfg.num_workers
         self.inflight = [0] * self.cfg.num_workers
-        self.cond: asyncio.Condition | None = None
+        # requests waiting for a worker, oldest first: (preferred worker or None, future that receives the worker)
+        self.waiting: deque[tuple[int | None, asyncio.Future]] = deque()
         self.counts: dict[str, Any] = {"requests": 0, "samples": 0, "retries": 0, "restarts": 0, "queued": 0}
         self.per_sampler: dict[str, dict[str, float]] = defaultdict(
             lambda: {"requests": 0, "samples": 0, "busy_s": 0.0})
         self.started = time.time()
-        self.window: list[tuple[float, int]] = []
+        self.window = RateWindow(30.0)
         self.refresher: asyncio.Task | None = None
         self._metrics()
 
@@ -206,10 +232,7 @@ class PoolManager:
         intervals, so an idle pool would otherwise vanish from Prometheus (and samples/s would never decay to 0)."""
         period = max(0.5, ray._config.metrics_report_interval_ms() / 2000)
         while True:
-            now = time.time()
-            self.window = [(t, k) for t, k in self.window if now - t < 30]
-            span = max(now - self.window[0][0], 1.0) if self.window else 1.0
-            self.m_rate.set(sum(k for _, k in self.window) / span, tags=self.tags)
+            self.m_rate.set(self.window.rate(time.time()), tags=self.tags)
             self.m_queue.set(self.counts["queued"], tags=self.tags)
             for key, (version, _) in self.published.items():
                 self.m_version.set(version, tags={**self.tags, "key": key})
@@ -241,34 +264,63 @@ class PoolManager:
         return self.published.get(key, (0, None))[0]
 
     # -- scheduling ----------------------------------------------------------------------------------------------
-    def _condition(self) -> asyncio.Condition:
-        if self.cond is None:
-            self.cond = asyncio.Condition()
-        return self.cond
+    def _pick(self, preferred: int | None) -> int | None:
+        """The least busy free worker a request may use now (its pinned worker while that one lives), or None."""
+        n = len(self.workers)
+        pin = preferred % n if preferred is not None else None
+        candidates = (pin,) if pin is not None and self.alive[pin] else range(n)
+        free = [i for i in candidates if self.alive[i] and self.inflight[i] < self.cfg.slots_per_worker]
+        return min(free, key=self.inflight.__getitem__) if free else None
+
+    def _any_free(self) -> bool:
+        return any(alive and busy < self.cfg.slots_per_worker for alive, busy in zip(self.alive, self.inflight))
+
+    def _set_queued(self) -> None:
+        self.counts["queued"] = len(self.waiting)
+        self.m_queue.set(self.counts["queued"], tags=self.tags)
+
+    def _dispatch(self) -> None:
+        """Hand free slots to waiting requests, oldest first; only a request that gets a worker wakes up.
+
+        Invariant (after every call): no waiting request could use a free slot, so a new request that finds a
+        free slot takes it without overtaking anyone who could have had it.
+        """
+        skipped = []
+        while self.waiting and self._any_free():
+            preferred, slot = self.waiting.popleft()
+            if slot.done():  # cancelled while waiting
+                continue
+            w = self._pick(preferred)
+            if w is None:  # pinned to a busy worker: keep its place in the queue
+                skipped.append((preferred, slot))
+                continue
+            self.inflight[w] += 1
+            slot.set_result(w)
+        self.waiting.extendleft(reversed(skipped))
+        self._set_queued()
 
     async def _acquire(self, preferred: int | None) -> int:
-        cond = self._condition()
-        async with cond:
-            self.counts["queued"] += 1
-            self.m_queue.set(self.counts["queued"], tags=self.tags)
-            while True:
-                n = len(self.workers)
-                pin = preferred % n if preferred is not None else None
-                candidates = [pin] if pin is not None and self.alive[pin] else range(n)
-                free = [i for i in candidates if self.alive[i] and self.inflight[i] < self.cfg.slots_per_worker]
-                if free:
-                    w = min(free, key=lambda i: self.inflight[i])
-                    self.inflight[w] += 1
-                    self.counts["queued"] -= 1
-                    self.m_queue.set(self.counts["queued"], tags=self.tags)
-                    return w
-                await cond.wait()
+        w = self._pick(preferred)
+        if w is not None:
+            self.inflight[w] += 1
+            return w
+        slot = asyncio.get_running_loop().create_future()
+        entry = (preferred, slot)
+        self.waiting.append(entry)
+        self._set_queued()
+        try:
+            return await slot
+        except asyncio.CancelledError:
+            if slot.done() and not slot.cancelled():  # handed a worker just as the request was cancelled
+                self._release(slot.result())
+            elif entry in self.waiting:
+                self.waiting.remove(entry)
+                self._set_queued()
+            raise
 
-    async def _release(self, w: int) -> None:
-        cond = self._condition()
-        async with cond:
-            self.inflight[w] -= 1
-            cond.notify_all()
+    def _release(self, w: int) -> None:
+        self.inflight[w] -= 1
+        self._dispatch()
 
     async def _revive(self, w: int) -> None:
         """Wait for Ray to restart worker ``w``; re-create it if it was killed for good."""
@@ -287,10 +339,8 @@ class PoolManager:
                     pass
             except (RayActorError, ActorUnavailableError, asyncio.TimeoutError):
                 await asyncio.sleep(0.2)
-        cond = self._condition()
-        async with cond:
-            self.alive[w] = True
-            cond.notify_all()
+        self.alive[w] = True
+        self._dispatch()
 
     async def _run_one(self, i: int, sampler: str, factory: str, config: dict, request: dict,
                        weights: tuple | None, preferred: int | None) -> tuple[int, Any]:
@@ -306,15 +356,15 @@ class PoolManager:
                 if self.alive[w]:
                     self.alive[w] = False
                     asyncio.get_running_loop().create_task(self._revive(w))
-                await self._release(w)
+                self._release(w)
                 continue
             except ray.exceptions.RayTaskError as err:
-                await self._release(w)
+                self._release(w)
                 raise (err.cause if isinstance(err.cause, SamplerError) else SamplerError(str(err))) from None
             except Exception:
-                await self._release(w)
+                self._release(w)
                 raise
-            await self._release(w)
+            self._release(w)
             self.counts["requests"] += 1
             self.counts["samples"] += n
             stats = self.per_sampler[sampler]
@@ -322,14 +372,12 @@ class PoolManager:
             stats["samples"] += n
             stats["busy_s"] += seconds
             now = time.time()
-            self.window.append((now, n))
-            self.window = [(t, k) for t, k in self.window if now - t < 30]
-            span = max(now - self.window[0][0], 1.0)
+            self.window.add(now, n)
             tags = {**self.tags, "sampler": sampler}
             self.m_requests.inc(1, tags=tags)
             self.m_samples.inc(n, tags=tags)
             self.m_latency.observe(seconds, tags=tags)
-            self.m_rate.set(sum(k for _, k in self.window) / span, tags=self.tags)
+            self.m_rate.set(self.window.rate(now), tags=self.tags)
             return i, result
 
     async def run(self, sampler: str, config: dict, requests: list[dict], weights_key: str | None = None,

@@ -4,6 +4,10 @@ Gymnasium >= 1.0 vector envs default to next-step autoreset: the step *after* a 
 (obs, action, reward) is fake. We build vector envs with same-step autoreset instead, so every step is a real
 transition: ``next_obs`` of a finished env is its true final observation (``infos["final_obs"]``), and the reset
 observation only becomes the next ``obs``.
+
+Humanoid-v5 (tasks ``humanoid``, ``humanoid_state``) is built by ``envs.fast_mujoco`` by default: the same
+observations, rewards, terminations and time limit as gymnasium's env, with less Python per step. ``lean=False``
+gives gymnasium's own env (``gym.make``) everywhere a task is built.
 """
 from __future__ import annotations
 
@@ -12,6 +16,8 @@ from typing import Any, Callable
 
 import gymnasium as gym
 import numpy as np
+
+from envs.fast_mujoco import lean_version
 
 TASKS: dict[str, str] = {
     "humanoid": "Humanoid-v5",
@@ -63,22 +69,29 @@ class PhysicsState(gym.Wrapper):
         return obs, reward, terminated, truncated, self._state(info)
 
 
-def make_env(task: str, change: dict | None = None, physics_state: bool = False,
+def make_env(task: str, change: dict | None = None, physics_state: bool = False, lean: bool = True,
              **kwargs: Any) -> gym.Env:
-    env = gym.make(env_id(task), **{**TASK_KWARGS.get(task, {}), **kwargs})
+    """The task's env with policy actions in [-1, 1]; ``lean`` uses ``envs.fast_mujoco`` where it covers the task
+    (and ``kwargs``), else ``gym.make``. ``physics_state`` adds qpos/qvel/ctrl to every ``info``."""
+    gym_id, make_kwargs = env_id(task), {**TASK_KWARGS.get(task, {}), **kwargs}
+    lean_env = lean_version(gym_id, make_kwargs) if lean else None
+    if lean_env is not None:
+        env = lean_env(physics_state=physics_state, **make_kwargs)  # records the physics state itself
+    else:
+        env = gym.make(gym_id, **make_kwargs)
     if change:
         from envs.changes import apply_change  # stage 3 edits: friction, mass, gear, gravity, target velocity
         env = apply_change(env, change)
-    if physics_state:
+    if physics_state and lean_env is None:
         env = PhysicsState(env)
     # Policies act in [-1, 1] on every task; the env maps that onto its own control range.
     return gym.wrappers.RescaleAction(env, -1.0, 1.0)
 
 
 def make_vector_env(task: str, num_envs: int, change: dict | None = None, physics_state: bool = False,
-                    **kwargs: Any) -> gym.vector.SyncVectorEnv:
+                    lean: bool = True, **kwargs: Any) -> gym.vector.SyncVectorEnv:
     return gym.vector.SyncVectorEnv(
-        [lambda: make_env(task, change, physics_state, **kwargs) for _ in range(num_envs)],
+        [lambda: make_env(task, change, physics_state, lean, **kwargs) for _ in range(num_envs)],
         autoreset_mode=gym.vector.AutoresetMode.SAME_STEP,
     )
 
@@ -104,8 +117,8 @@ class VectorRollout:
     """A batch of envs that persists between calls: ``collect(policy, steps)`` continues running episodes."""
 
     def __init__(self, task: str, num_envs: int, seed: int, change: dict | None = None,
-                 physics_state: bool = False) -> None:
-        self.envs = make_vector_env(task, num_envs, change, physics_state)
+                 physics_state: bool = False, lean: bool = True) -> None:
+        self.envs = make_vector_env(task, num_envs, change, physics_state, lean)
         self.num_envs, self.physics_state = num_envs, physics_state
         self.obs, info = self.envs.reset(seed=seed)
         self.envs.action_space.seed(seed)
@@ -195,10 +208,10 @@ class VectorRollout:
 
 
 def evaluate(task: str, policy: Policy, episodes: int, seed: int, change: dict | None = None,
-             num_envs: int | None = None) -> EpisodeStats:
+             num_envs: int | None = None, lean: bool = True) -> EpisodeStats:
     """Run ``episodes`` full episodes (in parallel envs) with ``policy``; returns their returns and falls."""
     num_envs = num_envs or episodes
-    envs = make_vector_env(task, num_envs, change)
+    envs = make_vector_env(task, num_envs, change, lean=lean)
     obs, _ = envs.reset(seed=seed)
     stats = EpisodeStats()
     ep_return = np.zeros(num_envs)
