@@ -298,12 +298,18 @@ def collect_vidd_batch(
     ``v(x_t)`` is always ``r(x0hat(x_t))``. ``v(xbar_{t-1})`` is either the same estimator
     (``next_value="denoised"``, Alg. 1) or ``r(x0)`` of one completion ``x0 ~ p_out(. | xbar_{t-1})``
     (``"rollout"``, the released protein code): ``exp(r(x0) / alpha)`` is then an unbiased estimate of
-    ``exp(v*(xbar) / alpha)``, the numerator of the soft-optimal weight. When the roll-in came from
-    ``p_out`` (``states_from_rollout_model``) the trajectory's own next state and final sample are
-    exactly such draws and are reused, so the numerators cost one query per trajectory.
+    ``exp(v*(xbar) / alpha)``, the numerator of the soft-optimal weight.
 
-    Transitions in which nothing is unmasked have zero loss and are not sent to the oracle. When fewer
-    than ``2 * changed`` queries remain, changed transitions are dropped at random until the batch fits.
+    When the roll-in came from ``p_out`` (``states_from_rollout_model``) the trajectory's own next state
+    ``x_{t-1}`` is exactly a draw ``xbar_{t-1} ~ p_out(. | x_t)`` and is reused (and so is its final sample
+    for ``"rollout"``). With ``"denoised"`` values, ``v(xbar_{t-1})`` of step ``t`` is then the same
+    oracle call as ``v(x_{t-1})`` of step ``t - 1``: one oracle call is made per batch on the distinct
+    denoised states, so distilling all ``T`` steps of a trajectory costs about ``T + 1`` queries, not ``2 T``
+    (the released DNA code draws a fresh ``xbar`` per step and pays two).
+
+    Transitions in which nothing is unmasked have zero loss and are not sent to the oracle. If the
+    distinct denoised states do not fit in ``max_queries``, whole trajectories (in random order) are
+    dropped from the end until they do.
     """
     if next_value not in ("denoised", "rollout"):
         raise ValueError(f"next_value must be 'denoised' or 'rollout', got {next_value!r}")
@@ -313,41 +319,66 @@ def collect_vidd_batch(
     steps, batch_index = steps.reshape(-1), batch_index.reshape(-1)
     x_t = states[steps, batch_index]
     t, s = step_times(T, steps)
-    reuse = next_value == "rollout" and states_from_rollout_model
+    reuse = states_from_rollout_model
     teacher_log_probs = x0_log_probs(rollout_model, x_t) if keep_teacher_log_probs or not reuse else None
     if reuse:
-        x_next, finals = states[steps + 1, batch_index], states[T, batch_index]
+        x_next = states[steps + 1, batch_index]
+        finals = states[T, batch_index] if next_value == "rollout" else None
     else:
         x_next = reverse_step(rollout_model, x_t, t, s, schedule, generator, log_p_x0=teacher_log_probs)
         finals = complete(rollout_model, x_next, steps + 1, T, generator, schedule) if next_value == "rollout" else None
     changed = (x_next != x_t).any(dim=-1)
-    max_pairs = int(max_queries // 2) if math.isfinite(max_queries) else len(changed)
-    if int(changed.sum()) > max_pairs:
-        keep = changed.nonzero().squeeze(1)
-        keep = keep[torch.randperm(len(keep), generator=generator)[:max_pairs]]
+    idx = changed.nonzero().squeeze(1)
+    if not len(idx):  # nothing to score (the denoiser is not called on an empty batch)
+        scored_current = scored_next = x_t[idx]
+    else:
+        scored_current = denoised_prediction(value_model, x_t[idx], value_estimator, greedy_tokens_per_step)
+        scored_next = (finals[idx] if next_value == "rollout"
+                       else denoised_prediction(value_model, x_next[idx], value_estimator, greedy_tokens_per_step))
+    if distinct_rows(scored_current, scored_next) > max_queries:
+        trajectory_rank = torch.randperm(states.shape[1], generator=generator)[batch_index[idx]]
+        order = torch.argsort(trajectory_rank * (T + 1) + steps[idx])
+        idx, scored_current, scored_next = idx[order], scored_current[order], scored_next[order]
+        n_fit = largest_prefix_within(scored_current, scored_next, int(max_queries))
+        idx, scored_current, scored_next = idx[:n_fit], scored_current[:n_fit], scored_next[:n_fit]
         selected = ~changed
-        selected[keep] = True
+        selected[idx] = True
+        position = torch.cumsum(selected.long(), 0) - 1  # kept transitions keep their original order
+        idx = position[idx]
         x_t, x_next, t, s, changed = x_t[selected], x_next[selected], t[selected], s[selected], changed[selected]
+        changed = torch.zeros_like(changed)
+        changed[idx] = True
         teacher_log_probs = teacher_log_probs[selected] if teacher_log_probs is not None else None
-        finals = finals[selected] if finals is not None else None
     v_current = torch.zeros(len(x_t))
     v_next = torch.zeros(len(x_t))
     info: dict = {}
-    if changed.any():
-        n_changed = int(changed.sum())
-        scored_current = denoised_prediction(value_model, x_t[changed], value_estimator, greedy_tokens_per_step)
-        if next_value == "rollout":
-            scored_next = finals[changed]
-        else:
-            scored_next = denoised_prediction(value_model, x_next[changed], value_estimator, greedy_tokens_per_step)
+    if len(idx):
         values, info = reward_fn(torch.cat([scored_current, scored_next]))  # one oracle call per batch
         values = torch.as_tensor(np.asarray(values), dtype=torch.float32)
-        v_current[changed], v_next[changed] = values[:n_changed], values[n_changed:]
+        v_current[idx], v_next[idx] = values[: len(idx)], values[len(idx):]
     batch = VIDDBatch(
         x_t=x_t, x_next=x_next, t=t, s=s, v_current=v_current, v_next=v_next, changed=changed,
         teacher_log_probs=teacher_log_probs if keep_teacher_log_probs else None,
     )
     return batch, info
+
+
+def distinct_rows(*tensors: Tensor) -> int:
+    """Number of distinct rows over ``tensors``: the oracle queries a :class:`RewardCounter` call would cost."""
+    rows = torch.cat(tensors)
+    return 0 if rows.shape[0] == 0 else torch.unique(rows, dim=0).shape[0]
+
+
+def largest_prefix_within(current: Tensor, following: Tensor, budget: int) -> int:
+    """Largest ``n`` such that the first ``n`` transitions' value queries (distinct rows) fit in ``budget``."""
+    low, high = 0, current.shape[0]  # the cost of a prefix never decreases with its length: bisect
+    while low < high:
+        mid = (low + high + 1) // 2
+        if distinct_rows(current[:mid], following[:mid]) <= budget:
+            low = mid
+        else:
+            high = mid - 1
+    return low
 
 
 def vidd_loss(student: nn.Module, batch: VIDDBatch, cfg: VIDDConfig) -> tuple[Tensor, dict]:
@@ -401,8 +432,12 @@ def best_of_n(
     T: int,
     generator: torch.Generator | None = None,
     sample_fn: SampleFn = sample,
-) -> tuple[Tensor, Tensor]:
-    """For each of ``n_outputs`` outputs keep the best of ``n_candidates`` samples; ``(tokens, rewards)``."""
+) -> tuple[Tensor, Tensor, Tensor]:
+    """For each of ``n_outputs`` outputs keep the best of ``n_candidates`` samples.
+
+    Returns ``(tokens, rewards, candidate_rewards)``: the selected outputs ``[n_outputs, L]``, their rewards
+    and the rewards of every candidate ``[n_outputs, n_candidates]`` (for best-of-n curves with n < N).
+    """
     if n_outputs < 1 or n_candidates < 1:
         raise ValueError(f"best_of_n needs n_outputs, n_candidates >= 1, got {n_outputs}, {n_candidates}")
     tokens = sample_fn(model, n_outputs * n_candidates, length, T, generator, record_trajectory=False).tokens
@@ -410,7 +445,7 @@ def best_of_n(
     rewards = rewards.reshape(n_outputs, n_candidates)
     best = rewards.argmax(dim=1)
     tokens = tokens.reshape(n_outputs, n_candidates, -1)[torch.arange(n_outputs), best]
-    return tokens, rewards[torch.arange(n_outputs), best]
+    return tokens, rewards[torch.arange(n_outputs), best], rewards
 
 
 # --------------------------------------------------------------------------------------------------
@@ -421,7 +456,8 @@ def best_of_n(
 @dataclass
 class FinetuneResult:
     """``model``: the fine-tuned policy (the pretrained one for best-of-N). ``samples``/``sample_rewards``:
-    the selected outputs of best-of-N (``None`` otherwise). ``reward_queries``: distinct oracle calls."""
+    the selected outputs of best-of-N (``None`` otherwise), ``candidate_rewards`` the rewards of all its
+    candidates ``[outputs, N]``. ``reward_queries``: distinct oracle calls."""
 
     method: str
     model: nn.Module
@@ -431,6 +467,7 @@ class FinetuneResult:
     reward_info: dict = field(default_factory=dict)
     samples: Tensor | None = None
     sample_rewards: Tensor | None = None
+    candidate_rewards: Tensor | None = None
 
 
 def _frozen_copy(model: nn.Module) -> nn.Module:
@@ -468,11 +505,11 @@ def finetune(
         n_candidates = cfg.max_reward_queries // cfg.best_of_n_outputs
         if n_candidates < 1:
             raise ValueError("VIDDConfig.max_reward_queries is smaller than best_of_n_outputs")
-        tokens, rewards = best_of_n(
+        tokens, rewards, candidates = best_of_n(
             pre, counter, cfg.best_of_n_outputs, n_candidates, length, cfg.num_sampling_steps, generator, sample_fn
         )
         return FinetuneResult(method, pre, counter.n_queries, 0, reward_info=dict(counter.info),
-                              samples=tokens, sample_rewards=rewards)
+                              samples=tokens, sample_rewards=rewards, candidate_rewards=candidates)
 
     if method == "standard_ft":  # roll-in from p_pre and teacher p_pre forever
         cfg = dataclasses.replace(cfg, beta=0.0, refresh_interval=None)

@@ -50,6 +50,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from algos.nets import EnsembleMLP
+
 Tensor = torch.Tensor
 log = logging.getLogger(__name__)
 
@@ -139,41 +141,13 @@ class EarlyStopping:
 
 # ----------------------------------------------------------------------------------------------------------- networks
 
-class EnsembleLinear(nn.Module):
-    """E independent linear layers applied to (E, B, in) in one batched matmul; LeCun-uniform init, zero bias."""
-
-    def __init__(self, ensemble_size: int, in_dim: int, out_dim: int) -> None:
-        super().__init__()
-        bound = math.sqrt(3.0 / in_dim)
-        self.weight = nn.Parameter(torch.empty(ensemble_size, in_dim, out_dim).uniform_(-bound, bound))
-        self.bias = nn.Parameter(torch.zeros(ensemble_size, 1, out_dim))
-
-    def forward(self, x: Tensor) -> Tensor:
-        return torch.baddbmm(self.bias, x, self.weight)
-
-
-class EnsembleMLP(nn.Module):
-    """Swish MLP ensemble (LIFT's ``EnsembleDense``): (E, B, in) → (E, B, out)."""
-
-    def __init__(self, ensemble_size: int, in_dim: int, hidden: Sequence[int], out_dim: int) -> None:
-        super().__init__()
-        widths = [in_dim, *hidden, out_dim]
-        self.layers = nn.ModuleList(EnsembleLinear(ensemble_size, a, b) for a, b in zip(widths[:-1], widths[1:]))
-
-    def forward(self, x: Tensor, autocast_bf16: bool = False) -> Tensor:
-        """Hidden layers optionally in bf16 (CPU AMX); the output layer in the parameters' precision, as LIFT."""
-        with torch.autocast(device_type=x.device.type, dtype=torch.bfloat16, enabled=autocast_bf16):
-            for layer in self.layers[:-1]:
-                x = F.silu(layer(x))
-        head = self.layers[-1]
-        return head(x.to(head.weight.dtype))
-
-    def l2_penalty(self, coefficients: Sequence[float]) -> Tensor:
-        """Σ_l c_l · ½‖W_l‖² (MBPO's per-layer decay; the last coefficient repeats for deeper nets)."""
-        total = self.layers[0].weight.new_zeros(())
-        for i, layer in enumerate(self.layers):
-            total = total + coefficients[min(i, len(coefficients) - 1)] * 0.5 * layer.weight.square().sum()
-        return total
+def ensemble_l2_penalty(net: EnsembleMLP, coefficients: Sequence[float]) -> Tensor:
+    """Σ_l c_l · ½‖W_l‖² (MBPO's per-layer decay of LIFT's ``EnsembleDense``; the last coefficient repeats for deeper
+    nets). Biases are not decayed."""
+    total = net.layers[0].weight.new_zeros(())
+    for i, layer in enumerate(net.layers):
+        total = total + coefficients[min(i, len(coefficients) - 1)] * 0.5 * layer.weight.square().sum()
+    return total
 
 
 def soft_clamp(x: Tensor, low: float, high: float) -> Tensor:
@@ -243,7 +217,8 @@ class _WorldModel(nn.Module):
             self.register_buffer(name, torch.zeros(size))
         for name, size in (("input_std", in_dim), ("delta_std", self.state_dim), ("state_std", self.state_dim)):
             self.register_buffer(name, torch.ones(size))
-        self.net = EnsembleMLP(cfg.ensemble_size, in_dim, cfg.hidden_sizes, head_dim)
+        # LIFT's EnsembleDense: swish, per-member LeCun-uniform weights, zero biases; the head stays in fp32 under bf16.
+        self.net = EnsembleMLP(cfg.ensemble_size, in_dim, cfg.hidden_sizes, head_dim, "swish", fp32_output=True)
 
     # --- scalers
     @torch.no_grad()
@@ -258,7 +233,11 @@ class _WorldModel(nn.Module):
 
     def _net(self, state: Tensor, action: Tensor) -> Tensor:
         x = (torch.cat((state[..., self.observed], action), -1) - self.input_mean) / self.input_std
-        return self.net(x, self.cfg.autocast_bf16).to(state.dtype)
+        # bf16 for the hidden layers only (CPU AMX); a float64 model ignores the flag (its head cannot run in fp32).
+        bf16 = self.cfg.autocast_bf16 and self.net.layers[0].weight.dtype == torch.float32
+        with torch.autocast(device_type=x.device.type, dtype=torch.bfloat16, enabled=bf16):
+            out = self.net(x)
+        return out.to(state.dtype)
 
     def _logvar(self, raw: Tensor) -> Tensor:
         return soft_clamp(raw, self.cfg.min_logvar, self.cfg.max_logvar)
@@ -321,7 +300,7 @@ class _WorldModel(nn.Module):
                 alive = alive * seq["valid"][:, k + 1].to(state.dtype)
             state = mean
         nll = nll_sum / weight_sum.clamp_min(1.0)
-        total = nll + self.net.l2_penalty(self.cfg.weight_decay)
+        total = nll + ensemble_l2_penalty(self.net, self.cfg.weight_decay)
         return total, {"nll": nll.item(), "normalised_mse": (mse_sum / weight_sum.clamp_min(1.0)).item()}
 
     # --- rollouts

@@ -80,6 +80,13 @@ class Config:
     env_buffer_capacity: int = 60_000
     sac: dict = field(default_factory=dict)  # overrides of FINETUNE_SAC (actor_lr, critic_lr, ..., batch_size)
     load_optimizer_state: bool = True
+    # LIFT resets the temperature to e^init_log_alpha; true keeps the pretrained one (and its Adam state). With a small
+    # pretraining (α ≈ 1e-2, not LIFT's ≈ 8e-4) the reset changes the soft targets at once: the early dip (§3.4).
+    load_alpha: bool = False
+    # LIFT's order retrains the model before collecting the epoch's real steps (it lags one epoch, harmless with a
+    # 1000-step prefill and 1000-step epochs); false collects first, so with small epochs and no prefill the rollouts of
+    # epoch e already branch from a model that has seen epoch e's data.
+    wm_retrain_first: bool = True
     # Our pretraining statistics rest on 1e4-1e5 samples, not LIFT's 4e7: folding ~1e3 changed-env observations into
     # them moves the policy's input a lot (InvertedPendulum gear x0.4: 454 -> 84 zero-shot from that alone). Off
     # by default: the pretrained normaliser is kept. Likewise the world model keeps its stage-2 scalers.
@@ -247,7 +254,11 @@ def build_agent(agent_path: Path, exp: Config, device):
     fresh_alpha_opt = agent.alpha_opt.state_dict()
     if not exp.load_optimizer_state:
         state = {**state, "actor_opt": agent.actor_opt.state_dict(), "critic_opt": agent.critic_opt.state_dict()}
-    agent.load_state_dict({**state, "log_alpha": fresh_alpha, "alpha_opt": fresh_alpha_opt})
+    if not exp.load_alpha:
+        state = {**state, "log_alpha": fresh_alpha, "alpha_opt": fresh_alpha_opt}
+    agent.load_state_dict(state)
+    for group in agent.alpha_opt.param_groups:
+        group["lr"] = ft["alpha_lr"]
     for opt, lr in ((agent.actor_opt, ft["actor_lr"]), (agent.critic_opt, ft["critic_lr"])):
         for group in opt.param_groups:  # loaded Adam states carry the pretraining lr
             group["lr"] = lr
@@ -374,6 +385,8 @@ def train_fn(config: dict) -> None:
         return float(shared.item())
 
     def retrain_model() -> dict[str, float]:
+        if not real_wm:  # no prefill: nothing from the changed env yet
+            return {}
         data = {k: np.concatenate([d[k] for d in real_wm]) for k in real_wm[0]}
         cfg = world_model_config(exp, pretrain=False, seed=seed * 1000 + counters["epoch"],
                                  ensemble=model.cfg.ensemble_size)
@@ -414,8 +427,11 @@ def train_fn(config: dict) -> None:
         row: dict[str, Any] = {"method_id": method_id, "epoch": epoch}
         updates_before, model_transitions, train_metrics, rollout_metrics = agent.num_updates, 0, {}, {}
         if uses_model:
-            row.update(retrain_model())  # 1. the model follows the new env's data
+            if exp.wm_retrain_first:
+                row.update(retrain_model())  # 1. the model follows the new env's data
             collect(exp.real_steps_per_epoch // world)  # 2. deterministic real steps
+            if not exp.wm_retrain_first:
+                row.update(retrain_model())
             states = real_states().to(model.delta_std.dtype)
             policy = lambda obs: unwrap(agent.actor).act(agent.obs_normalizer.normalize(obs), False, gen)  # noqa: E731
             h, k_rollouts = horizon(epoch), hupt(epoch)
