@@ -42,7 +42,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from algos.nets import ACTIVATIONS, EnsembleMLP, mlp
+from algos.nets import ACTIVATIONS, mlp
 from algos.normalizer import RunningNormalizer
 
 logger = logging.getLogger(__name__)
@@ -213,21 +213,30 @@ class Actor(nn.Module):
 
 
 class TwinCritic(nn.Module):
-    """``n_critics`` independent Q-MLPs on ``concat(normalised critic obs, action)``, run as one ensemble.
+    """``n_critics`` independent Q-MLPs on ``concat(normalised critic obs, action)``.
 
     ``forward(obs, action, detach_params=False) -> (B, n_critics)``. With ``detach_params=True`` the critic is a
     fixed function of the action: the actor loss differentiates through it without producing critic gradients.
+    Plain per-critic MLPs, not one batched ``EnsembleMLP``: on CPU the batched matmul with the shared input
+    broadcast to every member measured ~20 % slower per update at 256-256 (benchmarks/RESULTS.md, SAC section).
     """
 
     def __init__(
         self, obs_dim: int, act_dim: int, hidden: Sequence[int] = (256, 256), activation: str = "swish", n_critics: int = 2
     ):
         super().__init__()
-        self.qs = EnsembleMLP(n_critics, obs_dim + act_dim, hidden, 1, activation, fp32_output=True)
+        self.qs = nn.ModuleList(
+            mlp(obs_dim + act_dim, hidden, 1, activation, fp32_output=True) for _ in range(n_critics)
+        )
 
     def forward(self, obs: torch.Tensor, action: torch.Tensor, detach_params: bool = False) -> torch.Tensor:
         x = torch.cat([obs, action.to(obs.dtype)], dim=-1)
-        return self.qs(x, detach_params).squeeze(-1).transpose(0, 1)
+        if detach_params:
+            outs = [torch.func.functional_call(q, {k: v.detach() for k, v in q.named_parameters()}, (x,))
+                    for q in self.qs]
+        else:
+            outs = [q(x) for q in self.qs]
+        return torch.cat(outs, dim=-1)
 
 
 class LogAlpha(nn.Module):

@@ -49,7 +49,8 @@ def constant_q(critic: torch.nn.Module, values: tuple[float, float]) -> None:
     with torch.no_grad():
         for p in critic.parameters():
             p.zero_()
-        critic.qs.layers[-1].bias[:, 0, 0] = torch.tensor(values)
+        for q, value in zip(critic.qs, values):
+            q[-1].bias.fill_(value)
 
 
 def test_truncation_masks_loss_and_termination_stops_bootstrap():
@@ -169,7 +170,7 @@ def test_update_requires_g_times_b_rows_and_asymmetric_inputs():
         update(agent, random_batch(n + 1, critic_obs_dim=7))
     metrics = update(agent, lambda k: random_batch(k, critic_obs_dim=7))
     assert agent.num_updates == cfg.utd and all(math.isfinite(v) for v in metrics.values())
-    assert agent.critic.qs.layers[0].in_features == 7 + ACT and agent.actor.net[0].in_features == OBS
+    assert agent.critic.qs[0][0].in_features == 7 + ACT and agent.actor.net[0].in_features == OBS
 
 
 def test_state_dict_resume_continues_identically():
