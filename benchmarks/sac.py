@@ -679,8 +679,8 @@ def main(argv: list[str] | None = None) -> None:
         results["updates"] = (header(load) + f" Batch {BATCH}, actor and twin critic 256-256 ReLU, replay of "
                               f"{FILL:,} random transitions sampled inside the timed call, {rows[0].utd} updates per "
                               f"call, median of {len(rows[0].wall_s)} interleaved calls, 1 torch thread, one "
-                              "process. orrery: `algos.sac.update` (fused AdamW, twin critic as one batched "
-                              "ensemble, observation normaliser); SB3: `SAC.train` (Adam).\n\n" + md)
+                              "process. orrery: `algos.sac.update` (fused AdamW, twin critic as two plain "
+                              "MLPs, observation normaliser); SB3: `SAC.train` (Adam).\n\n" + md)
         print("\n" + md + "\n", flush=True)
     if "pendulum" in parts:
         load = load_average()
