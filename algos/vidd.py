@@ -95,10 +95,14 @@ class VIDDConfig:
     # x0 ~ p_out(. | xbar_{t-1}), unbiased for exp(v*/alpha) (released protein code)
     next_value: Literal["denoised", "rollout"] = "denoised"
     max_log_weight: float | None = None  # clamp (v_next - v_cur) / alpha from above; None = exact weights
-    self_normalize_weights: bool = False  # divide weights by their batch mean (changes the step size only)
+    # divide the weights by their mean within each reverse step t of the batch (a per-step self-normalised
+    # estimate: with exact soft values E[w | x_t] = 1; estimated values are biased per step, and one batch-wide
+    # constant would change nothing under Adam)
+    self_normalize_weights: bool = False
     # control variate (not in the paper): write w = 1 + (w - 1) and replace the "1" part, plain MLE on
     # p_out's samples, by its exact expectation q * sum_masked CE(p_out(x0|x_t), p_theta(x0|x_t)); the
-    # expected gradient is unchanged, the sampling noise that makes the student drift is removed
+    # expected gradient is unchanged, the sampling noise that makes the student drift is removed. Only valid
+    # when the weights average 1 per state, hence it requires self_normalize_weights
     exact_teacher_term: bool = False
     # DDPO baseline
     ddpo_clip: float = 0.2
@@ -138,6 +142,9 @@ class VIDDConfig:
             raise ValueError(f"VIDDConfig.next_value must be 'denoised' or 'rollout', got {self.next_value!r}")
         if self.value_model not in ("rollout", "student"):
             raise ValueError(f"VIDDConfig.value_model must be 'rollout' or 'student', got {self.value_model!r}")
+        if self.exact_teacher_term and not self.self_normalize_weights:
+            raise ValueError("VIDDConfig.exact_teacher_term needs self_normalize_weights=True (the control variate "
+                             "assumes weights of mean 1; estimated values give means of 10-20 on molecules)")
         if self.ddpo_clip <= 0:
             raise ValueError(f"VIDDConfig.ddpo_clip must be > 0, got {self.ddpo_clip}")
         if self.eval_every < 0:
@@ -389,8 +396,8 @@ def vidd_loss(student: nn.Module, batch: VIDDBatch, cfg: VIDDConfig) -> tuple[Te
     """
     weights = soft_optimal_weights(batch.v_next, batch.v_current, cfg.alpha, cfg.max_log_weight)
     weights = torch.where(batch.changed, weights, torch.zeros_like(weights))
-    if cfg.self_normalize_weights and batch.changed.any():
-        weights = weights / weights[batch.changed].mean()
+    if cfg.self_normalize_weights:
+        weights = per_step_normalized(weights, batch.t, batch.changed)
     log_p_x0 = x0_log_probs(student, batch.x_t)
     log_p = newly_unmasked_log_prob(log_p_x0, batch.x_t, batch.x_next, student.mask_id)
     if cfg.exact_teacher_term:
@@ -414,6 +421,15 @@ def vidd_loss(student: nn.Module, batch: VIDDBatch, cfg: VIDDConfig) -> tuple[Te
         "log_prob_mean": log_p[batch.changed].mean().item() if len(w) else float("nan"),
     }
     return loss, metrics
+
+
+def per_step_normalized(weights: Tensor, t: Tensor, changed: Tensor) -> Tensor:
+    """``weights`` divided by their mean over the changed transitions of the same reverse step ``t``."""
+    out = weights.clone()
+    for step in t[changed].unique():
+        group = changed & (t == step)
+        out[group] = weights[group] / weights[group].mean()
+    return out
 
 
 @torch.no_grad()

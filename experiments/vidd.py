@@ -81,11 +81,13 @@ class Config:
     refresh_interval: int | None = 5  # K; null = never
     timesteps_per_trajectory: int | None = None  # null = all T
     lr: float = 1e-3
-    updates_per_batch: int = 1
+    updates_per_batch: int = 4
     value_estimator: str = "one_step"  # one_step (Alg. 1) | greedy
     greedy_tokens_per_step: int = 4
     max_log_weight: float | None = None
-    self_normalize_weights: bool = False
+    self_normalize_weights: bool = True  # weights of mean 1 within each reverse step
+    next_value: str = "rollout"  # denoised (Alg. 1: v = r(x0hat(xbar))) | rollout (r of the roll-in's own x0)
+    exact_teacher_term: bool = True  # control variate for the w = 1 part (needs self_normalize_weights)
     grad_clip: float = 1.0
     # DDPO baseline
     ddpo_clip: float = 0.2
@@ -134,6 +136,10 @@ class Config:
                              f"{self.num_sampling_steps}] or be null, got {self.timesteps_per_trajectory}")
         if self.value_estimator not in ("one_step", "greedy"):
             raise ValueError(f"experiment.value_estimator: one_step or greedy, got {self.value_estimator!r}")
+        if self.next_value not in ("denoised", "rollout"):
+            raise ValueError(f"experiment.next_value: denoised or rollout, got {self.next_value!r}")
+        if self.exact_teacher_term and not self.self_normalize_weights:
+            raise ValueError("experiment.exact_teacher_term: needs experiment.self_normalize_weights=true")
         if self.eval_every < 0:
             raise ValueError(f"experiment.eval_every: must be >= 0 (0 = only at the end), got {self.eval_every}")
         if self.query_budget < self.best_of_n_outputs and "best_of_n" in self.method_list():
@@ -155,7 +161,8 @@ class Config:
             lr=self.ddpo_lr or self.lr if method == "ddpo" else self.lr, updates_per_batch=self.updates_per_batch,
             grad_clip=self.grad_clip, num_sampling_steps=self.num_sampling_steps, value_estimator=self.value_estimator,
             greedy_tokens_per_step=self.greedy_tokens_per_step, max_log_weight=self.max_log_weight,
-            self_normalize_weights=self.self_normalize_weights, ddpo_clip=self.ddpo_clip,
+            self_normalize_weights=self.self_normalize_weights, next_value=self.next_value,
+            exact_teacher_term=self.exact_teacher_term, ddpo_clip=self.ddpo_clip,
             ddpo_inner_steps=self.ddpo_inner_steps, best_of_n_outputs=self.best_of_n_outputs)
         if method == "standard_ft":
             cfg = dataclasses.replace(cfg, beta=0.0, refresh_interval=None)
@@ -339,7 +346,9 @@ def _vidd_batch(results: list[dict]):
     cat = lambda k, dtype: torch.as_tensor(np.concatenate([r[k] for r in results])).to(dtype)  # noqa: E731
     return VIDDBatch(x_t=cat("x_t", torch.long), x_next=cat("x_next", torch.long), t=cat("t", torch.float32),
                      s=cat("s", torch.float32), v_current=cat("v_current", torch.float32),
-                     v_next=cat("v_next", torch.float32), changed=cat("changed", torch.bool))
+                     v_next=cat("v_next", torch.float32), changed=cat("changed", torch.bool),
+                     teacher_log_probs=cat("teacher_log_probs", torch.float32) if "teacher_log_probs" in results[0]
+                     else None)
 
 
 def train_fn(config: dict) -> None:
@@ -445,7 +454,10 @@ def train_fn(config: dict) -> None:
             allowances = split_requests(rank_budget, len(chunks))
             reqs = [{"kind": "vidd", "n": k, "seed": rank_seed + i, "model": "rollout" if use_rollout else "pretrained",
                      "steps_per_trajectory": vcfg.timesteps_per_trajectory, "max_queries": int(allowances[i]),
-                     "value_estimator": vcfg.value_estimator, "greedy_tokens_per_step": vcfg.greedy_tokens_per_step}
+                     "value_estimator": vcfg.value_estimator, "greedy_tokens_per_step": vcfg.greedy_tokens_per_step,
+                     "next_value": vcfg.next_value, "keep_teacher_log_probs": vcfg.exact_teacher_term,
+                     # without refreshes p_out is p_pre, so pretrained roll-ins are p_out roll-ins too
+                     "states_from_rollout_model": use_rollout or vcfg.refresh_interval is None}
                     for i, k in enumerate(chunks)]
             results = pool.map("diffusion", reqs, config=scfg, weights=key)
             batch = _vidd_batch(results)

@@ -202,8 +202,12 @@ class DiffusionSampler:
             self._model("rollout"), self._model(request.get("value_model", "rollout")), rollin.states, steps,
             counter, generator, self.schedule, max_queries=counter.remaining,
             value_estimator=request.get("value_estimator", "one_step"),
-            greedy_tokens_per_step=int(request.get("greedy_tokens_per_step", 4)))
-        return {"x_t": batch.x_t.numpy().astype(np.int16), "x_next": batch.x_next.numpy().astype(np.int16),
+            greedy_tokens_per_step=int(request.get("greedy_tokens_per_step", 4)),
+            next_value=request.get("next_value", "denoised"),
+            states_from_rollout_model=bool(request.get("states_from_rollout_model", False)),
+            keep_teacher_log_probs=bool(request.get("keep_teacher_log_probs", False)))
+        extra = {} if batch.teacher_log_probs is None else {"teacher_log_probs": batch.teacher_log_probs.numpy()}
+        return {**extra, "x_t": batch.x_t.numpy().astype(np.int16), "x_next": batch.x_next.numpy().astype(np.int16),
                 "t": batch.t.numpy(), "s": batch.s.numpy(), "v_current": batch.v_current.numpy(),
                 "v_next": batch.v_next.numpy(), "changed": batch.changed.numpy(),
                 "final_tokens": rollin.tokens.numpy().astype(np.int16),

@@ -18,6 +18,7 @@ from algos.vidd import (
     VIDDConfig,
     collect_vidd_batch,
     finetune,
+    per_step_normalized,
     refresh_teacher,
     rollin,
     select_steps,
@@ -129,8 +130,11 @@ def test_exact_teacher_term_is_an_unbiased_control_variate():
     states = torch.stack([x, x, x])  # step 0 of T=2 goes from t=1 to s=0.5
     batch, _ = collect_vidd_batch(teacher, teacher, states, torch.zeros(4000, 1, dtype=torch.long),
                                   lambda tok: (np.zeros(len(tok)), {}), g, keep_teacher_log_probs=True)
-    plain_cfg = VIDDConfig(alpha=1.0, num_sampling_steps=T_demo, timesteps_per_trajectory=None)
+    plain_cfg = VIDDConfig(alpha=1.0, num_sampling_steps=T_demo, timesteps_per_trajectory=None,
+                           self_normalize_weights=True)
     exact_cfg = dataclasses.replace(plain_cfg, exact_teacher_term=True)
+    with pytest.raises(ValueError, match="self_normalize_weights"):
+        dataclasses.replace(exact_cfg, self_normalize_weights=False)
     plain, _ = vidd_loss(student, batch, plain_cfg)  # zero rewards: every weight is exactly 1
     exact, _ = vidd_loss(student, batch, exact_cfg)
     assert exact.item() == pytest.approx(plain.item(), rel=0.03)
@@ -299,3 +303,21 @@ def test_vidd_moves_exact_sample_distribution_toward_soft_optimal_target():
     refreshed = finetune("vidd", pre, count_of_twos, dataclasses.replace(cfg, refresh_interval=10)).model
     _, p_refreshed = exact_sample_distribution(refreshed, L, T)
     assert float((p_refreshed * rewards).sum()) > float((p_tuned * rewards).sum())
+
+
+def test_weights_are_normalised_within_each_reverse_step():
+    weights = torch.tensor([1.0, 3.0, 10.0, 30.0, 7.0, 0.0])
+    t = torch.tensor([1.0, 1.0, 0.5, 0.5, 0.5, 0.5])
+    changed = torch.tensor([True, True, True, True, False, False])
+    out = per_step_normalized(weights, t, changed)
+    assert out.tolist() == pytest.approx([0.5, 1.5, 0.5, 1.5, 7.0, 0.0])  # unchanged rows keep their value
+    # a value offset shared by all states of one step (a per-step bias of v) leaves the normalised loss unchanged
+    model = tiny_pretrained()
+    g = torch.Generator().manual_seed(3)
+    states = sample(model, 8, L, 4, g, record_trajectory=True).states
+    batch, _ = collect_vidd_batch(model, model, states, select_steps(8, 4, None), RewardCounter(count_of_twos), g)
+    cfg = VIDDConfig(alpha=0.5, num_sampling_steps=4, timesteps_per_trajectory=None, self_normalize_weights=True)
+    shifted = dataclasses.replace(batch, v_next=batch.v_next + 2.0 * batch.t)
+    assert vidd_loss(model, shifted, cfg)[0].item() == pytest.approx(vidd_loss(model, batch, cfg)[0].item(), rel=1e-5)
+    plain = dataclasses.replace(cfg, self_normalize_weights=False)
+    assert vidd_loss(model, shifted, plain)[0].item() != pytest.approx(vidd_loss(model, batch, plain)[0].item(), rel=1e-3)
