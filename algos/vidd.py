@@ -353,8 +353,6 @@ def collect_vidd_batch(
         position = torch.cumsum(selected.long(), 0) - 1  # kept transitions keep their original order
         idx = position[idx]
         x_t, x_next, t, s, changed = x_t[selected], x_next[selected], t[selected], s[selected], changed[selected]
-        changed = torch.zeros_like(changed)
-        changed[idx] = True
         teacher_log_probs = teacher_log_probs[selected] if teacher_log_probs is not None else None
     v_current = torch.zeros(len(x_t))
     v_next = torch.zeros(len(x_t))
@@ -448,12 +446,8 @@ def best_of_n(
     T: int,
     generator: torch.Generator | None = None,
     sample_fn: SampleFn = sample,
-) -> tuple[Tensor, Tensor, Tensor]:
-    """For each of ``n_outputs`` outputs keep the best of ``n_candidates`` samples.
-
-    Returns ``(tokens, rewards, candidate_rewards)``: the selected outputs ``[n_outputs, L]``, their rewards
-    and the rewards of every candidate ``[n_outputs, n_candidates]`` (for best-of-n curves with n < N).
-    """
+) -> tuple[Tensor, Tensor]:
+    """For each of ``n_outputs`` outputs keep the best of ``n_candidates`` samples; ``(tokens, rewards)``."""
     if n_outputs < 1 or n_candidates < 1:
         raise ValueError(f"best_of_n needs n_outputs, n_candidates >= 1, got {n_outputs}, {n_candidates}")
     tokens = sample_fn(model, n_outputs * n_candidates, length, T, generator, record_trajectory=False).tokens
@@ -461,7 +455,7 @@ def best_of_n(
     rewards = rewards.reshape(n_outputs, n_candidates)
     best = rewards.argmax(dim=1)
     tokens = tokens.reshape(n_outputs, n_candidates, -1)[torch.arange(n_outputs), best]
-    return tokens, rewards[torch.arange(n_outputs), best], rewards
+    return tokens, rewards[torch.arange(n_outputs), best]
 
 
 # --------------------------------------------------------------------------------------------------
@@ -472,8 +466,7 @@ def best_of_n(
 @dataclass
 class FinetuneResult:
     """``model``: the fine-tuned policy (the pretrained one for best-of-N). ``samples``/``sample_rewards``:
-    the selected outputs of best-of-N (``None`` otherwise), ``candidate_rewards`` the rewards of all its
-    candidates ``[outputs, N]``. ``reward_queries``: distinct oracle calls."""
+    the selected outputs of best-of-N (``None`` otherwise). ``reward_queries``: distinct oracle calls."""
 
     method: str
     model: nn.Module
@@ -483,7 +476,6 @@ class FinetuneResult:
     reward_info: dict = field(default_factory=dict)
     samples: Tensor | None = None
     sample_rewards: Tensor | None = None
-    candidate_rewards: Tensor | None = None
 
 
 def _frozen_copy(model: nn.Module) -> nn.Module:
@@ -521,11 +513,11 @@ def finetune(
         n_candidates = cfg.max_reward_queries // cfg.best_of_n_outputs
         if n_candidates < 1:
             raise ValueError("VIDDConfig.max_reward_queries is smaller than best_of_n_outputs")
-        tokens, rewards, candidates = best_of_n(
+        tokens, rewards = best_of_n(
             pre, counter, cfg.best_of_n_outputs, n_candidates, length, cfg.num_sampling_steps, generator, sample_fn
         )
         return FinetuneResult(method, pre, counter.n_queries, 0, reward_info=dict(counter.info),
-                              samples=tokens, sample_rewards=rewards, candidate_rewards=candidates)
+                              samples=tokens, sample_rewards=rewards)
 
     if method == "standard_ft":  # roll-in from p_pre and teacher p_pre forever
         cfg = dataclasses.replace(cfg, beta=0.0, refresh_interval=None)

@@ -250,16 +250,14 @@ def build_agent(agent_path: Path, exp: Config, device):
     cfg = SACConfig(**{**state["config"], **ft, "utd": exp.updates_per_rollout})
     arch = state["arch"]
     agent = SACAgent(arch["obs_dim"], arch["act_dim"], cfg, critic_obs_dim=arch["critic_obs_dim"], device=device)
-    fresh_alpha = agent.log_alpha.state_dict()
-    fresh_alpha_opt = agent.alpha_opt.state_dict()
     if not exp.load_optimizer_state:
         state = {**state, "actor_opt": agent.actor_opt.state_dict(), "critic_opt": agent.critic_opt.state_dict()}
     if not exp.load_alpha:
-        state = {**state, "log_alpha": fresh_alpha, "alpha_opt": fresh_alpha_opt}
+        state = {**state, "log_alpha": agent.log_alpha.state_dict(), "alpha_opt": agent.alpha_opt.state_dict()}
     agent.load_state_dict(state)
-    for group in agent.alpha_opt.param_groups:
-        group["lr"] = ft["alpha_lr"]
-    for opt, lr in ((agent.actor_opt, ft["actor_lr"]), (agent.critic_opt, ft["critic_lr"])):
+    learning_rates = ((agent.actor_opt, ft["actor_lr"]), (agent.critic_opt, ft["critic_lr"]),
+                      (agent.alpha_opt, ft["alpha_lr"]))
+    for opt, lr in learning_rates:
         for group in opt.param_groups:  # loaded Adam states carry the pretraining lr
             group["lr"] = lr
     return agent, cfg

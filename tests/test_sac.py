@@ -16,6 +16,7 @@ from algos.sac import (
     Actor,
     SACAgent,
     SACConfig,
+    TwinCritic,
     build_policy,
     critic_loss,
     soft_q_target,
@@ -320,3 +321,14 @@ def test_sac_learns_pendulum_with_vectorised_high_utd():
     returns = train_pendulum(cfg, seed=0, max_env_steps=16_000, threshold=-400.0, eval_every=500, eval_from=5000)
     print(f"pendulum eval returns {returns} in {time.perf_counter() - start:.1f}s")
     assert returns and returns[-1][1] >= -400.0, returns
+
+
+def test_detached_critic_sends_gradient_to_the_action_only():
+    critic = TwinCritic(OBS, ACT, hidden=(16, 16))
+    obs, action = torch.randn(5, OBS), torch.randn(5, ACT, requires_grad=True)
+    q = critic(obs, action, detach_params=True)
+    assert q.shape == (5, 2)
+    torch.testing.assert_close(q, critic(obs, action))
+    q.sum().backward()
+    assert action.grad is not None and action.grad.abs().sum() > 0
+    assert all(p.grad is None for p in critic.parameters())

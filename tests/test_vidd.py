@@ -172,6 +172,24 @@ def test_rollout_next_values_reuse_the_rollin_trajectory():
         collect_vidd_batch(model, model, states, steps, counter, g, next_value="mc")
 
 
+def test_denoised_next_values_reuse_the_rollin_states():
+    """With p_out roll-ins, xbar_{t-1} of step t is the trajectory's own x_{t-1}, so v(xbar_{t-1}) of step t and
+    v(x_{t-1}) of step t-1 are one oracle query: one query per distinct denoised roll-in state."""
+    model = tiny_pretrained()
+    g = torch.Generator().manual_seed(0)
+    states = sample(model, 6, L, T, g, record_trajectory=True).states
+    steps = select_steps(6, T, None)
+    counter = RewardCounter(count_of_twos)
+    batch, _ = collect_vidd_batch(model, model, states, steps, counter, g, states_from_rollout_model=True)
+    flat, rows = steps.reshape(-1), torch.arange(6).repeat_interleave(T)
+    assert torch.equal(batch.x_next, states[flat + 1, rows])
+    changed = batch.changed
+    denoised = torch.unique(denoise_one_step(model, torch.cat([batch.x_t[changed], batch.x_next[changed]])), dim=0)
+    assert counter.n_queries == len(denoised)
+    fresh, _ = collect_vidd_batch(model, model, states, steps, RewardCounter(count_of_twos), g)
+    assert (fresh.x_next[fresh.changed] != states[flat + 1, rows][fresh.changed]).any()
+
+
 def test_soft_values_use_one_step_denoising():
     logits = torch.tensor([[0.0, 0.0, 5.0]] * 4)
     model = TableDenoiser(logits)
@@ -187,7 +205,7 @@ def test_unchanged_transitions_cost_no_queries_and_budget_is_respected():
     steps = select_steps(8, 16, None)
     unlimited = RewardCounter(count_of_twos)
     full, _ = collect_vidd_batch(model, model, states, steps, unlimited, torch.Generator().manual_seed(1))
-    # Reused roll-in states: v(xbar_{t-1}) of step t is v(x_{t-1}) of step t-1, so ~T+1 queries per trajectory, not 2T.
+    # identical denoised states are scored once per batch: fewer queries than two per changed transition
     assert unlimited.n_queries < 2 * int(full.changed.sum())
     counter = RewardCounter(count_of_twos, budget=6)
     batch, _ = collect_vidd_batch(model, model, states, steps, counter, g, max_queries=counter.remaining)
