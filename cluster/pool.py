@@ -322,6 +322,14 @@ class PoolManager:
         self.inflight[w] -= 1
         self._dispatch()
 
+    async def _release_when_done(self, w: int, ref: ray.ObjectRef) -> None:
+        try:
+            await ref
+        except Exception:  # noqa: BLE001 - the result was abandoned; only the slot matters
+            pass
+        finally:
+            self._release(w)
+
     async def _revive(self, w: int) -> None:
         """Wait for Ray to restart worker ``w``; re-create it if it was killed for good."""
         self.counts["restarts"] += 1
@@ -346,9 +354,14 @@ class PoolManager:
                        weights: tuple | None, preferred: int | None) -> tuple[int, Any]:
         while True:
             w = await self._acquire(preferred)
-            worker = self.workers[w]
+            ref = self.workers[w].run.remote(factory, config, request, weights)
             try:
-                result, n, seconds = await worker.run.remote(factory, config, request, weights)
+                result, n, seconds = await ref
+            except asyncio.CancelledError:
+                # The map was abandoned (another of its requests failed, or its driver left) while the worker still
+                # runs this request: its slot comes back when the worker is done, not before and not never.
+                asyncio.get_running_loop().create_task(self._release_when_done(w, ref))
+                raise
             except (RayActorError, ActorUnavailableError):
                 self.counts["retries"] += 1
                 self.m_retries.inc(1, tags=self.tags)
@@ -411,6 +424,7 @@ class PoolManager:
             except Exception as err:  # noqa: BLE001 - a dying worker must not break monitoring
                 worker_stats.append({"index": i, "error": repr(err)})
         return {**self.counts, "name": self.cfg.name, "num_workers": len(self.workers), "alive": list(self.alive),
+                "inflight": list(self.inflight),
                 "uptime_s": time.time() - self.started, "per_sampler": {k: dict(v) for k, v in self.per_sampler.items()},
                 "weights_versions": {k: v for k, (v, _) in self.published.items()}, "workers": worker_stats,
                 "samplers": dict(self.factories), "config": asdict(self.cfg)}

@@ -12,7 +12,8 @@ BUILTIN_SAMPLERS = {"echo": "cluster.samplers:EchoSampler"}
 
 
 class EchoSampler:
-    """Returns its request plus who served it; ``sleep_s`` makes a request slow enough to kill a worker mid-way."""
+    """Returns its request plus who served it; ``sleep_s`` makes a request slow enough to kill a worker mid-way,
+    ``fail`` makes it raise (after the sleep)."""
 
     def __init__(self, config: dict) -> None:
         self.config = config
@@ -24,6 +25,8 @@ class EchoSampler:
 
     def sample(self, request: dict) -> dict:
         time.sleep(float(request.get("sleep_s", 0.0)))
+        if request.get("fail"):
+            raise RuntimeError(f"echo asked to fail: {request['fail']}")
         return {"request": request, "pid": os.getpid(), "weights_version": self.version,
                 "weights": self.weights if request.get("echo_weights") else None,
                 "num_samples": int(request.get("num_samples", 1))}

@@ -98,3 +98,26 @@ def test_sampler_errors_surface_and_are_not_retried(pool_factory):
     assert pool.stats()["retries"] == 0
     with pytest.raises(KeyError, match="unknown sampler"):
         pool.map("nope", [{}])
+
+
+def _map_within(pool, requests: list[dict], timeout_s: float) -> list:
+    """``pool.map`` in a thread: a hung pool fails the test instead of stalling the suite."""
+    out: list = []
+    t = threading.Thread(target=lambda: out.append(pool.map("echo", requests)), daemon=True)
+    t.start()
+    t.join(timeout_s)
+    assert not t.is_alive(), f"the pool did not serve {len(requests)} requests within {timeout_s} s"
+    return out[0]
+
+
+def test_a_failing_request_gives_back_every_slot(pool_factory):
+    """One request raises while one is running and two wait for a worker: the map fails, and the next map is served
+    at once by both workers (the running request's slot comes back when it ends, the waiters' right away)."""
+    pool = pool_factory(num_workers=2)
+    with pytest.raises(SamplerError, match="boom"):
+        pool.map("echo", [{"fail": "boom"}] + [{"sleep_s": 1.5}] * 3)
+    start = time.monotonic()
+    out = _map_within(pool, [{"sleep_s": 1.0}] * 4, timeout_s=30)
+    assert len({r["pid"] for r in out}) == 2, "both workers must serve again"
+    assert time.monotonic() - start < 20
+    assert pool.stats()["inflight"] == [0, 0]
