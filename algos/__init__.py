@@ -1,1 +1,1 @@
-"""Pure-PyTorch algorithms (no Ray): networks, replay, normalisation, SAC, world models, diffusion, RL for LLMs."""
+"""Pure-PyTorch algorithms (no Ray): networks, replay, normalization, SAC, world models, diffusion, RL for LLMs."""

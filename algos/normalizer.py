@@ -1,9 +1,9 @@
-"""Per-feature running mean/variance observation normaliser (Brax ``running_statistics``, as LIFT uses it).
+"""Per-feature running mean/variance observation normalizer (Brax ``running_statistics``, as LIFT uses it).
 
 Statistics are population moments over every sample seen, merged batch-wise with Chan et al.'s parallel
 update (exact, order independent up to rounding). They are kept in float64 because LIFT runs see 1e7-1e9
 samples, where float32 sums lose precision. ``normalize`` returns ``(x - mean) / std`` with ``std`` clipped
-to ``clip_std`` and no clipping of the normalised value (LIFT default).
+to ``clip_std`` and no clipping of the normalized value (LIFT default).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ class RunningNormalizer(nn.Module):
     """Running per-feature statistics over the trailing ``shape`` dims of every batch.
 
     Buffers (all float64, saved in ``state_dict``): ``mean``, ``var`` (population variance), ``count`` (scalar).
-    Before the first update ``mean = 0``, ``var = 1``, so normalisation is the identity.
+    Before the first update ``mean = 0``, ``var = 1``, so normalization is the identity.
 
     Args:
         shape: feature shape, e.g. ``(obs_dim,)``.
@@ -68,7 +68,7 @@ class RunningNormalizer(nn.Module):
 
         ``other`` is a ``RunningNormalizer`` or a mapping with ``mean``, ``var``, ``count`` (e.g. another
         rank's ``state_dict()``). Pooling assumes the two sets summarise *disjoint* samples: to combine
-        ranks, let each rank accumulate only its new data in a fresh normaliser and merge those.
+        ranks, let each rank accumulate only its new data in a fresh normalizer and merge those.
         """
         stats = other.state_dict() if isinstance(other, RunningNormalizer) else other
         as64 = lambda v: torch.as_tensor(v, dtype=torch.float64, device=self.mean.device)  # noqa: E731
@@ -86,7 +86,7 @@ class RunningNormalizer(nn.Module):
         # M2 of the union = M2_a + M2_b + delta^2 * n_a n_b / n (Chan, Golub & LeVeque 1979).
         m2 = self.var * count_a + var_b * count_b + delta.square() * (count_a * count_b / total)
         self.mean.add_(delta * (count_b / total))
-        # A fresh normaliser has var = 1 as a placeholder; count_a = 0 removes it from m2 above.
+        # A fresh normalizer has var = 1 as a placeholder; count_a = 0 removes it from m2 above.
         self.var.copy_(m2 / total)
         self.count.copy_(total)
 

@@ -3,8 +3,8 @@
     OMP_NUM_THREADS=1 python -m benchmarks.attnrl --seeds 0 1 2 --budget 500000 --record out.md
     OMP_NUM_THREADS=1 python -m benchmarks.attnrl --quick           # about a minute: small budget, one seed
 
-Every method starts from the same SFT model (algos.sft, cached under --cache) and trains with algos.attnrl.train
-(in-process sampler: the algorithm is what is compared here; the cluster wiring is experiments/attnrl.py) for
+Every method starts from the same SFT model (algos.attnrl.sft, cached under --cache) and trains with algos.attnrl.attnrl.train
+(in-process sampler: the algorithm is what is compared here; the cluster wiring is experiments/attnrl/driver.py) for
 about the same number of generated tokens (every generation call counted: initial samples, continuations). A run
 can only stop at an update boundary, and a tree update costs several thousand tokens, so runs end at slightly
 different totals: all comparisons are made at a *matched* token count, the smallest final total among the methods
@@ -30,10 +30,10 @@ from pathlib import Path
 
 import torch
 
-from algos.attnrl import METHODS, RLConfig, train
-from algos.gpt import GPTConfig
-from algos.sft import SFTConfig, evaluate_accuracy, pretrained_policy
-from envs.reasoning import ReasoningTask
+from algos.attnrl.attnrl import METHODS, RLConfig, train
+from algos.attnrl.gpt import GPTConfig
+from algos.attnrl.sft import SFTConfig, evaluate_accuracy, pretrained_policy
+from envs.reasoning.task import ReasoningTask
 
 log = logging.getLogger("benchmarks.attnrl")
 
@@ -317,8 +317,8 @@ def _record(path: Path, args, acc_table: str, cost_table: str, verdict: str, inf
 Command (repo root): `{cmd}`
 
 Machine: 2 cores shared with other jobs (load average {'/'.join(load)} at the end); torch {torch.__version__}, 1 thread.
-Task: envs.reasoning default ({task_desc}); model: algos.gpt default after SFT ({info['steps']} steps, SFTConfig defaults
-{'' if args.sft_steps is None else f'capped at {args.sft_steps} steps'}). RL: algos.attnrl.RLConfig defaults, {args.prompts_per_batch}
+Task: envs.reasoning.task default ({task_desc}); model: algos.attnrl.gpt default after SFT ({info['steps']} steps, SFTConfig defaults
+{'' if args.sft_steps is None else f'capped at {args.sft_steps} steps'}). RL: algos.attnrl.attnrl.RLConfig defaults, {args.prompts_per_batch}
 prompts per batch, {args.budget} generated tokens per run (all calls counted), seeds {args.seeds}. Greedy accuracy on
 {args.eval_per_difficulty} fixed problems per difficulty, evaluated every ~{args.eval_tokens} tokens; every number is
 taken at the matched token count of its seed (smallest final total among the methods, curves interpolated).

@@ -9,7 +9,7 @@ One pretrained policy shared by all seeds (``--pretrain-run``, or one in-process
 pretraining seed 1, written in lift_pretrain's format by ``pretrain_in_process``; it scores 1000 and keeps 1000
 zero-shot up to gravity x8, drops to ~43 at x9 and ~4 at x10: the default change is the mildest one that hurts), then
 per seed one ``lift_finetune`` run in compare mode (lift, sac_finetune, mbpo_wm) on
-the embedded cluster. Reports, per method, the real steps to recover (see experiments/lift_finetune.py for the
+the embedded cluster. Reports, per method, the real steps to recover (see experiments/lift/finetune.py for the
 definition), final/best return and real-env falls; writes a JSON, a table and a plot (return vs real steps, mean
 over seeds; falls).
 
@@ -54,10 +54,10 @@ def pretrain_in_process(run: Path, task: str = "inverted_pendulum", env_steps: i
     SACAgent state) and data/replay-rank0 Parquet with the physics columns. For tests and quick benchmarks."""
     import torch
 
-    from algos.replay import ReplayBuffer
-    from algos.sac import SACAgent, SACConfig, update
+    from algos.lift.replay import ReplayBuffer
+    from algos.lift.sac import SACAgent, SACConfig, update
     from cluster.store import ParquetStore
-    from envs.control import VectorRollout
+    from envs.control.tasks import VectorRollout
 
     torch.manual_seed(seed)
     rng = np.random.default_rng(seed)
@@ -98,7 +98,7 @@ def curves(results: list[dict]) -> dict[str, dict[str, np.ndarray]]:
     """Per method: real steps (the shared evaluation schedule) and the eval returns (seeds, steps) read from each
     seed's metrics; seeds are cut to the shortest curve."""
     from cluster.metrics import read_metrics
-    from experiments.lift_finetune import METHODS as ALL
+    from experiments.lift.finetune import METHODS as ALL
     out: dict[str, dict[str, np.ndarray]] = {}
     for m in METHODS:
         per_seed = []

@@ -9,12 +9,12 @@ gives the median over repeats:
                  1e-2 noise), so it simulates the same kind of states (contacts set the cost of a step; the
                  mean episode length column checks that every row sees the same episodes).
     (a) gym      a plain single-process gymnasium loop (``env.step``/``env.reset``, random actions).
-    (e) lean     the same loop over ``envs.control.make_env("humanoid")``: the lean Humanoid-v5 of
-                 ``envs.fast_mujoco`` (same observations and rewards) in RescaleAction, the env that (d) and the
+    (e) lean     the same loop over ``envs.control.tasks.make_env("humanoid")``: the lean Humanoid-v5 of
+                 ``envs.control.fast_mujoco`` (same observations and rewards) in RescaleAction, the env that (d) and the
                  pool step.
     (b) async    gymnasium's AsyncVectorEnv, one env process per core, same-step autoreset.
-    (d) rollout  ``envs.control.VectorRollout.collect``, as a pool sampler calls it, without Ray.
-    pool         the shared pool (``experiments.samplers.attach_pool``, 1 CPU per worker, so N workers = N cores);
+    (d) rollout  ``envs.control.tasks.VectorRollout.collect``, as a pool sampler calls it, without Ray.
+    pool         the shared pool (``experiments.registry.attach_pool``, 1 CPU per worker, so N workers = N cores);
                  "1 worker" pins every request to worker 0. Large requests (envs x steps each) amortise Ray's
                  per-request cost; small ones show it.
 
@@ -222,10 +222,10 @@ def measure_physics(cores: int, env_steps: int, seed: int) -> Measurement:
 # -- (a), (b), (d): the env without Ray ----------------------------------------------------------------------------
 def measure_gym_loop(env_steps: int, seed: int, warmup: int = 200, lean: bool = False) -> Measurement:
     """(a): one env, one process, ``env.step`` / ``env.reset`` and nothing else; (e) with ``lean``: the env
-    ``envs.control.make_env`` builds (``envs.fast_mujoco.FastHumanoid`` in ``RescaleAction``)."""
+    ``envs.control.tasks.make_env`` builds (``envs.control.fast_mujoco.FastHumanoid`` in ``RescaleAction``)."""
     import gymnasium as gym
     if lean:
-        from envs.control import make_env
+        from envs.control.tasks import make_env
         env = make_env(TASK)
     else:
         env = gym.make(TASK_ID)
@@ -279,7 +279,7 @@ def measure_async_vector(num_envs: int, env_steps: int, seed: int, warmup: int =
 def measure_rollout(num_envs: int, steps_per_call: int, env_steps: int, seed: int,
                     physics_state: bool) -> Measurement:
     """(d): the pool sampler's stepping path, ``VectorRollout.collect``, called as a sampler calls it."""
-    from envs.control import VectorRollout, random_policy
+    from envs.control.tasks import VectorRollout, random_policy
     rollout = VectorRollout(TASK, num_envs, seed, physics_state=physics_state)
     policy = random_policy(rollout.single_action_space, seed)
     rollout.collect(policy, 5)  # warm-up
@@ -387,7 +387,7 @@ def machine() -> dict[str, str]:
 
 
 def run(args: argparse.Namespace) -> tuple[list[Row], dict[str, Any]]:
-    from experiments.samplers import attach_pool
+    from experiments.registry import attach_pool
     import ray
 
     cores_list = sorted(set(args.workers))
@@ -411,7 +411,7 @@ def run(args: argparse.Namespace) -> tuple[list[Row], dict[str, Any]]:
                 partial(measure_physics, n, args.steps, args.seed))
         add(Row("a", "(a) gymnasium loop, 1 env", 1),
             partial(in_fresh_process, measure_gym_loop, args.steps, args.seed))
-        add(Row("e", "(e) lean env loop (envs.fast_mujoco), 1 env", 1),
+        add(Row("e", "(e) lean env loop (envs.control.fast_mujoco), 1 env", 1),
             partial(in_fresh_process, measure_gym_loop, args.steps, args.seed, 200, True))
         for n in cores_list:
             add(Row(f"b{n}", f"(b) AsyncVectorEnv, {n} env process(es)", n),
@@ -472,7 +472,7 @@ def ratios(rows: list[Row], info: dict) -> list[str]:
     out.append(f"where the gap to (c) goes, per CPU-second (1 core): (a)/(c) = {a.per_cpu_s / c1.per_cpu_s:.2f} "
                f"(gymnasium's Humanoid step around mj_step: obs, reward, info dict, mass centre, wrappers, "
                f"mj_rnePostConstraint); (e)/(c) = {e.per_cpu_s / c1.per_cpu_s:.2f} (the same step in "
-               f"envs.fast_mujoco, RescaleAction kept; (e)/(a) = {e.per_cpu_s / a.per_cpu_s:.2f}); (d)/(e) = "
+               f"envs.control.fast_mujoco, RescaleAction kept; (e)/(a) = {e.per_cpu_s / a.per_cpu_s:.2f}); (d)/(e) = "
                f"{d.per_cpu_s / e.per_cpu_s:.2f} (VectorRollout: 16 envs, bookkeeping, storing transitions); "
                f"pool 1 worker/(d) = {p1.per_cpu_s / d.per_cpu_s:.2f} (Ray: per-request cost, result transfer, "
                f"driver, manager and Ray's own processes); wall clock: {a.median / c1.median:.2f}, "
@@ -519,7 +519,7 @@ def report(rows: list[Row], info: dict, args: argparse.Namespace) -> str:
         "step: the 348-float observation (qpos, qvel, cinert, cvel, qfrc_actuator, cfrc_ext flattened and "
         "concatenated from fresh MjData views), two einsum mass centres, the reward terms, the info dict, "
         "`mj_rnePostConstraint` and four wrapper layers; that is the (a)/(c) ratio. (e) is the same env step as "
-        "`envs.fast_mujoco` computes it (same observations and rewards, checked by tests/test_fast_mujoco.py): MjData "
+        "`envs.control.fast_mujoco` computes it (same observations and rewards, checked by tests/test_fast_mujoco.py): MjData "
         "views taken once, one `np.concatenate`, a precomputed mass-fraction vector, the time limit counted inside, "
         "only RescaleAction left as a wrapper; (d) and the pool step this env. (d) adds VectorRollout's per-step "
         "bookkeeping and 16 envs' MuJoCo data cycling through the cache. With large requests the pool worker steps "

@@ -3,18 +3,18 @@
 Three parts, all run in one invocation on the same machine (``--only`` picks one):
 
     updates   gradient updates/s at batch 1024 with 256-256 MLPs, Pendulum-sized (obs 3, act 1) and
-              HalfCheetah-sized (obs 17, act 6): ``algos.sac.update`` (fp32 and bf16 autocast) against SB3's
+              HalfCheetah-sized (obs 17, act 6): ``algos.lift.sac.update`` (fp32 and bf16 autocast) against SB3's
               ``SAC.train`` on the same sizes, in this process, 1 torch thread, repeats interleaved so background
               load hits every row alike. Both sample their own replay buffer (50k random transitions) inside the
               timed call. Besides wall-clock rates, updates per CPU-second of this process: on a shared machine
               the wall clock mostly measures how much of a core the scheduler gave us.
     pendulum  wall time and env steps until the deterministic evaluation return (``--eval-episodes`` episodes
-              every ``--eval-every`` env steps, ``envs.control.evaluate`` with seed 10000 + seed for everyone)
+              every ``--eval-every`` env steps, ``envs.control.tasks.evaluate`` with seed 10000 + seed for everyone)
               reaches ``--threshold`` on Pendulum-v1, capped at ``--max-env-steps`` and ``--time-cap`` each:
               * orrery: the real cluster experiment (``python -m experiments.run experiment=lift_pretrain
                 env=pendulum experiment.stop_return=...``) in a subprocess, read back from its metrics Parquet;
                 its wall time is the learner loop's ``wall_s`` (from the start of ``train_fn``: pool acting,
-                normaliser, replay, updates, evaluation), and the subprocess total (Ray start, Ray Train start)
+                normalizer, replay, updates, evaluation), and the subprocess total (Ray start, Ray Train start)
                 is given too; "learner" sums the update time (updates / ``updates_per_s`` per round);
               * SB3 SAC with rl-baselines3-zoo's Pendulum-v1 entry (``hyperparams/sac.yml``: n_timesteps 20000,
                 learning_rate 1e-3, every other setting SB3's default: net_arch 256-256, batch 256, buffer 1e6,
@@ -123,14 +123,14 @@ BATCH, HIDDEN, FILL = 1024, (256, 256), 50_000
 
 
 def orrery_updater(obs_dim: int, act_dim: int, utd: int, bf16: bool, seed: int) -> Callable[[], Any]:
-    """One call = ``utd`` SAC updates of ``algos.sac.update`` on a replay ring of random transitions.
+    """One call = ``utd`` SAC updates of ``algos.lift.sac.update`` on a replay ring of random transitions.
 
     ReLU hidden layers, as SB3's default MlpPolicy (orrery's presets use swish), so both do the same arithmetic.
     """
     import torch
 
-    from algos.replay import ReplayBuffer
-    from algos.sac import SACAgent, SACConfig, update
+    from algos.lift.replay import ReplayBuffer
+    from algos.lift.sac import SACAgent, SACConfig, update
     torch.manual_seed(seed)
     cfg = SACConfig(batch_size=BATCH, utd=utd, actor_hidden=HIDDEN, critic_hidden=HIDDEN, activation="relu",
                     bf16=bf16, replay_capacity=100_000, min_replay_size=1)
@@ -266,7 +266,7 @@ class Curve:
 
 def eval_policy(policy: Callable[[np.ndarray], np.ndarray], budget: Budget) -> float:
     """Mean deterministic return on Pendulum-v1; ``policy`` maps observations to actions in [-1, 1]."""
-    from envs.control import evaluate
+    from envs.control.tasks import evaluate
     stats = evaluate("pendulum", policy, budget.eval_episodes, seed=10_000 + budget.seed)
     return float(np.mean(stats.returns))
 
@@ -541,7 +541,7 @@ def report_pendulum(curves: list[Curve], budget: Budget) -> str:
 
 def collection_only(steps: int, num_envs: int, seed: int) -> tuple[float, float]:
     """Env steps/s and per CPU-second of ``VectorRollout.collect`` on Humanoid-v5 (random policy, physics state)."""
-    from envs.control import VectorRollout, random_policy
+    from envs.control.tasks import VectorRollout, random_policy
     rollout = VectorRollout("humanoid", num_envs, seed, physics_state=True)
     policy = random_policy(rollout.single_action_space, seed)
     rollout.collect(policy, 10)  # warm-up
@@ -591,7 +591,7 @@ def humanoid(total_env_steps: int, out: Path, stamp: str, seed: int, time_cap_s:
           f"physics state and Parquet replay on); {int(env_steps[-1]):,} env steps, {updates:,} updates, learner "
           f"loop {wall_s[-1]:.0f} s, subprocess {wall:.0f} s in all (exit {rc}); updates took "
           f"{fmt(100 * ratio(learner, wall_s[-1] - t0) if len(train) else None, 0)}% of the training phase's wall "
-          "time (the rest: waiting for the pool's round, normaliser, replay, Parquet, publishing, evaluation)\n"
+          "time (the rest: waiting for the pool's round, normalizer, replay, Parquet, publishing, evaluation)\n"
           f"- training phase / collection only: **{fmt(ratio(training, collect_rate), 2)}x** (collection only: "
           f"{collect_cpu_rate:,.0f} env steps per CPU-s)")
 
@@ -679,8 +679,8 @@ def main(argv: list[str] | None = None) -> None:
         results["updates"] = (header(load) + f" Batch {BATCH}, actor and twin critic 256-256 ReLU, replay of "
                               f"{FILL:,} random transitions sampled inside the timed call, {rows[0].utd} updates per "
                               f"call, median of {len(rows[0].wall_s)} interleaved calls, 1 torch thread, one "
-                              "process. orrery: `algos.sac.update` (fused AdamW, twin critic as two plain "
-                              "MLPs, observation normaliser); SB3: `SAC.train` (Adam).\n\n" + md)
+                              "process. orrery: `algos.lift.sac.update` (fused AdamW, twin critic as two plain "
+                              "MLPs, observation normalizer); SB3: `SAC.train` (Adam).\n\n" + md)
         print("\n" + md + "\n", flush=True)
     if "pendulum" in parts:
         load = load_average()
@@ -688,7 +688,7 @@ def main(argv: list[str] | None = None) -> None:
         (out / f"pendulum-{stamp}.json").write_text(json.dumps([asdict(c) for c in curves], indent=1))
         md = report_pendulum(curves, budget)
         results["pendulum"] = (header(load) + f" Deterministic evaluation, {budget.eval_episodes} episodes every "
-                               f"{budget.eval_every} env steps (`envs.control.evaluate`, seed {10_000 + budget.seed}) "
+                               f"{budget.eval_every} env steps (`envs.control.tasks.evaluate`, seed {10_000 + budget.seed}) "
                                f"for all three; caps {budget.max_env_steps:,} env steps and {budget.time_cap_s:.0f} s "
                                f"each; seed {budget.seed}, one run each (one seed: a noisy figure). 'wall s' runs "
                                "from the start of learning to the evaluation that reached the threshold and "

@@ -4,8 +4,8 @@
     python -m benchmarks.vidd_molecule --quick    # 3 seeds, smaller model / budget (a few minutes)
 
 One denoiser is pretrained on MOSES (SELFIES) and shared by every method and seed. Each method then runs the
-single-process reference driver algos.vidd.finetune (the same algorithm the cluster experiment distributes) with the
-same oracle-query budget, counted exactly by algos.vidd.RewardCounter. Reported per method (mean ± std over seeds, on
+single-process reference driver algos.vidd.vidd.finetune (the same algorithm the cluster experiment distributes) with the
+same oracle-query budget, counted exactly by algos.vidd.vidd.RewardCounter. Reported per method (mean ± std over seeds, on
 ``eval_samples`` fresh samples of the final model; best-of-N: its selected outputs): median and top-10 % QED, mean
 QED, NELBO under the pretrained model (nats per molecule), diversity, validity, wall time; plus a plot of median
 reward against oracle queries (evaluations during training) in <out>/vidd_reward_vs_queries.png.
@@ -22,10 +22,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from algos.mdlm import nelbo, sample
-from algos.vidd import METHODS, finetune
-from envs.molecules import MoleculeReward, tokens_to_smiles
-from experiments.vidd import Config, build_model, load_task_data, pretrain_model, reward_stats, set_metrics
+from algos.vidd.mdlm import nelbo, sample
+from algos.vidd.vidd import METHODS, finetune
+from envs.bio.molecules import MoleculeReward, tokens_to_smiles
+from experiments.vidd.driver import Config, build_model, load_task_data, pretrain_model, reward_stats, set_metrics
 
 log = logging.getLogger("benchmarks.vidd_molecule")
 
@@ -69,7 +69,7 @@ def main() -> None:
     bundle = torch.load(path, weights_only=False) if path.is_file() else pretrain_model(
         exp, load_task_data(exp, 0, out), 0, path)
     pre = build_model(bundle)
-    from envs.sequences import Vocab
+    from envs.bio.sequences import Vocab
     vocab = Vocab(tuple(bundle["vocab"]["symbols"]), pad=bundle["vocab"]["pad"])
     reward = MoleculeReward(vocab=vocab, kind="qed")
     results: dict[str, list[dict]] = {"pretrained": [evaluate(pre, pre, reward, exp, s) for s in range(args.seeds)]}

@@ -15,6 +15,9 @@ store are still exactly what they were when the commit was made.
     for step in range(commit.step, total):
         store.append(...)
         journal.commit(step + 1, {"loss": ...}, state={...})
+
+A Ray Train learner keeps the commit in its checkpoint instead of ``progress.json``: each rank holds a journal over its
+own stores, saves ``journal.parts()`` with its checkpoint and calls ``journal.rollback(saved_parts)`` when it resumes.
 """
 from __future__ import annotations
 
@@ -129,6 +132,28 @@ class Journal:
                        if isinstance(v, (int, float)) and not isinstance(v, bool)}
             self.report({"step": commit.step, **numbers}, checkpoint=commit.to_dict())
         return commit
+
+
+    # -- learners: the commit lives in the Ray Train checkpoint, one journal per rank over that rank's stores ----------
+
+    def parts(self) -> dict[str, int]:
+        """Flush buffered metrics and return the parts of this journal's stores: saved with a learner's checkpoint,
+        they are what :meth:`rollback` cuts back to when the learner resumes from that checkpoint."""
+        if self.metrics is not None:
+            self.metrics.flush()
+        return {self._rel(s): s.num_parts for s in self.stores}
+
+    def rollback(self, parts: dict[str, int]) -> int:
+        """Cut this journal's stores back to ``parts`` (from :meth:`parts`, saved in the checkpoint being resumed):
+        rows written after that checkpoint (replay, samples, metrics) are dropped, so nothing is duplicated. Stores of
+        other journals (other ranks) are left alone; a store of this journal missing from ``parts`` is emptied."""
+        mine = [self._rel(s) for s in self.stores]
+        if self.metrics is not None:
+            self.metrics.rows = []  # rows buffered before the resume belong to the abandoned attempt
+        removed = _rollback(self.run_path, {k: v for k, v in parts.items() if k in mine}, mine)
+        if removed:
+            log.warning("resume: dropped %d Parquet part(s) written after the checkpoint", removed)
+        return removed
 
 
 def _stores_under(run_path: Path) -> set[str]:

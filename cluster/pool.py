@@ -35,7 +35,7 @@ import ray
 from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError
 
 from cluster.connect import NAMESPACE
-from cluster.samplers import BUILTIN_SAMPLERS
+from cluster.echo_sampler import BUILTIN_SAMPLERS
 
 log = logging.getLogger(__name__)
 

@@ -15,19 +15,6 @@ from typing import Any
 
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
 
-# experiment name -> module with a ``Config`` dataclass and ``run(cfg, ctx) -> dict``
-EXPERIMENTS: dict[str, str] = {
-    "collect": "experiments.collect",
-    "lift_pretrain": "experiments.lift_pretrain",
-    "lift_finetune": "experiments.lift_finetune",
-    "vidd_molecule": "experiments.vidd",
-    "vidd_dna": "experiments.vidd",
-    "vidd_protein": "experiments.vidd",
-    "attnrl": "experiments.attnrl",
-    "tour": "experiments.tour",
-}
-
-
 class ConfigError(ValueError):
     """A bad config; the message is one line that names the offending key."""
 
@@ -134,23 +121,6 @@ def from_dict(cls: type, data: dict[str, Any] | None, prefix: str) -> Any:
 
 
 @dataclasses.dataclass
-class TrainConfig:
-    """How learners are placed by Ray Train (one process per worker, DDP across them)."""
-
-    num_workers: int = 1
-    use_gpu: bool = False
-    cpus_per_worker: float = 0.5
-    gpus_per_worker: float = 1.0
-    backend: str | None = None  # gloo on CPU, nccl on GPU when None
-
-    def __post_init__(self) -> None:
-        if self.num_workers < 1:
-            raise ValueError(f"train.num_workers: must be >= 1, got {self.num_workers}")
-        if self.cpus_per_worker <= 0:
-            raise ValueError(f"train.cpus_per_worker: must be > 0 (fractions are fine), got {self.cpus_per_worker}")
-
-
-@dataclasses.dataclass
 class RootConfig:
     experiment: dict
     cluster: dict
@@ -174,15 +144,18 @@ class RootConfig:
 
 
 def experiment_module(name: str) -> Any:
-    if name not in EXPERIMENTS:
-        raise ConfigError(f"experiment.name: unknown experiment {name!r} (available: {', '.join(sorted(EXPERIMENTS))})")
-    return importlib.import_module(EXPERIMENTS[name])
+    from experiments.registry import experiment_modules
+    modules = experiment_modules()
+    if name not in modules:
+        raise ConfigError(f"experiment.name: unknown experiment {name!r} (available: {', '.join(sorted(modules))})")
+    return importlib.import_module(modules[name])
 
 
 def validate(raw: dict[str, Any]) -> dict[str, Any]:
     """Check every section; returns the config with typed sections (dataclasses) under ``_typed``."""
     from cluster.connect import ClusterConfig
     from cluster.pool import PoolConfig
+    from cluster.train import TrainConfig
 
     root = from_dict(RootConfig, raw, "config")
     exp = dict(root.experiment)

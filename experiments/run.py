@@ -52,7 +52,7 @@ class RunContext:
     @property
     def pool(self):
         if self._pool is None:
-            from experiments.samplers import attach_pool
+            from experiments.registry import attach_pool
             self._pool = attach_pool(self.typed["pool"])
         return self._pool
 

@@ -46,7 +46,7 @@ def ray_cluster(tmp_path_factory):
 @pytest.fixture
 def pool_factory(ray_cluster):
     """Make pools with unique names; all are shut down after the test."""
-    from experiments.samplers import attach_pool
+    from experiments.registry import attach_pool
     made = []
 
     def make(**kwargs):

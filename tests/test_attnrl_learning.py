@@ -10,10 +10,10 @@ import random
 import pytest
 import torch
 
-from algos.attnrl import RLConfig, train
-from algos.gpt import GPTConfig
-from algos.sft import SFTConfig, default_cache_dir, evaluate_accuracy, pretrained_policy
-from envs.reasoning import ReasoningTask
+from algos.attnrl.attnrl import RLConfig, train
+from algos.attnrl.gpt import GPTConfig
+from algos.attnrl.sft import SFTConfig, default_cache_dir, evaluate_accuracy, pretrained_policy
+from envs.reasoning.task import ReasoningTask
 
 torch.set_num_threads(1)
 
@@ -24,7 +24,7 @@ MIN_GAIN = 0.02
 
 @pytest.fixture(scope="module")
 def sft_policy():
-    """The default (laptop-scale) task, model and SFT run; cached on disk (algos.sft.default_cache_dir) and
+    """The default (laptop-scale) task, model and SFT run; cached on disk (algos.attnrl.sft.default_cache_dir) and
     shared with test_gpt_lm."""
     task = ReasoningTask()
     policy, info = pretrained_policy(task, GPTConfig(vocab_size=task.tokenizer.vocab_size), SFTConfig(),

@@ -7,12 +7,12 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from algos.attnrl import (OffPolicyScheduler, PromptTree, Branch, RLConfig, RunningMean, adaptive_batch_size,
+from algos.attnrl.attnrl import (OffPolicyScheduler, PromptTree, Branch, RLConfig, RunningMean, adaptive_batch_size,
                           adaptive_expansion, expansion_count, fci_scores, responses_to_expand,
                           select_branch_points, train, training_paths, tree_advantages)
-from algos.gpt import GPT, GPTConfig
-from algos.lm import Policy, aggregate_step_attention, generate, response_step_ids
-from algos.pg_losses import grpo_advantages, low_var_kl, ppo_clip_loss, select_entropy_branch_points
+from algos.attnrl.gpt import GPT, GPTConfig
+from algos.attnrl.lm import Policy, aggregate_step_attention, generate, response_step_ids
+from algos.attnrl.ppo import grpo_advantages, low_var_kl, ppo_clip_loss, select_entropy_branch_points
 
 torch.set_num_threads(1)
 
@@ -238,7 +238,7 @@ def _checksum(model):
 
 @pytest.mark.parametrize("off_policy", [True, False])
 def test_driver_samples_continuations_with_the_weights_after_the_previous_update(off_policy):
-    from envs.reasoning import CharTokenizer
+    from envs.reasoning.task import CharTokenizer
 
     tok = CharTokenizer()
     tok.delimiter_ids = frozenset(range(2, tok.vocab_size))  # every token is a step: random text branches

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from envs.dna import (
+from envs.bio.dna import (
     DNA_VOCAB,
     EVAL_RELEASE,
     MotifProxyReward,
@@ -19,7 +19,7 @@ from envs.dna import (
     load_liver_pfms,
     tokens_to_dna,
 )
-from envs.molecules import (
+from envs.bio.molecules import (
     MoleculeReward,
     load_moses_smiles,
     make_molecule_dataset,
@@ -28,7 +28,7 @@ from envs.molecules import (
     parse_molecule,
     tokens_to_smiles,
 )
-from envs.protein import (
+from envs.bio.protein import (
     PROTEIN_VOCAB,
     BetaSheetProxyReward,
     hamming_diversity,
@@ -37,7 +37,7 @@ from envs.protein import (
     tokens_to_protein,
     write_synthetic_fasta,
 )
-from envs.sequences import Vocab, build_vocab
+from envs.bio.sequences import Vocab, build_vocab
 
 torch.set_num_threads(1)
 
@@ -226,8 +226,8 @@ def test_beta_sheet_proxy_reward():
 
 @pytest.mark.parametrize("task", ["dna", "protein"])
 def test_vidd_runs_end_to_end(task, tmp_path):
-    from algos.mdlm import DenoiserConfig, MaskedDenoiser, PretrainConfig, pretrain, sample
-    from algos.vidd import VIDDConfig, finetune
+    from algos.vidd.mdlm import DenoiserConfig, MaskedDenoiser, PretrainConfig, pretrain, sample
+    from algos.vidd.vidd import VIDDConfig, finetune
 
     if task == "dna":
         data, vocab_size, reward = dna_to_tokens(generate_dna_corpus(64, length=60, seed=0)), 4, MotifProxyReward()

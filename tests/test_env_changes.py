@@ -1,5 +1,5 @@
-"""Stage-3 environment changes (envs/changes.py) and the torch task rewards/observations they rely on
-(envs/task_rewards.py, envs/torch_kinematics.py)."""
+"""Stage-3 environment changes (envs/control/changes.py) and the torch task rewards/observations they rely on
+(envs/control/task_rewards.py, envs/control/torch_kinematics.py)."""
 from __future__ import annotations
 
 import gymnasium as gym
@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 import torch
 
-from envs.changes import CHANGES, ChangedEnv, TargetVelocity, apply_change, make_changed_env, parse_changes
-from envs.task_rewards import make_observation_fn, make_task_reward
-from envs.torch_kinematics import TorchKinematics
+from envs.control.changes import CHANGES, ChangedEnv, TargetVelocity, apply_change, make_changed_env, parse_changes
+from envs.control.task_rewards import make_observation_fn, make_task_reward
+from envs.control.torch_kinematics import TorchKinematics
 
 torch.set_num_threads(1)
 HUMANOID_STATE_OBS = dict(include_cinert_in_observation=False, include_cvel_in_observation=False,

@@ -1,4 +1,4 @@
-"""The lean Humanoid-v5 (envs.fast_mujoco) reproduces gymnasium's Humanoid-v5 step for step: observations, rewards,
+"""The lean Humanoid-v5 (envs.control.fast_mujoco) reproduces gymnasium's Humanoid-v5 step for step: observations, rewards,
 terminations, truncation at 1000 steps, seeded resets, info, physics state, stage-3 changes and VectorRollout."""
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import gymnasium as gym
 import numpy as np
 import pytest
 
-from envs.control import VectorRollout, make_env, random_policy
-from envs.fast_mujoco import FastHumanoid, lean_version
+from envs.control.tasks import VectorRollout, make_env, random_policy
+from envs.control.fast_mujoco import FastHumanoid, lean_version
 
 TOL = 1e-10
 STATE_ONLY = {f"include_{part}_in_observation": False for part in ("cinert", "cvel", "qfrc_actuator", "cfrc_ext")}

@@ -7,18 +7,18 @@ import random
 import pytest
 import torch
 
-from algos.attnrl import fci_influence_correlation, fci_scores
-from algos.gpt import GPT, GPTConfig
-from algos.lm import GenerationRequest, Policy, forward_scores, generate, load_hf_policy
-from algos.sft import SFTConfig, default_cache_dir, pretrained_policy
-from envs.reasoning import CharTokenizer, ReasoningTask, step_influence
+from algos.attnrl.attnrl import fci_influence_correlation, fci_scores
+from algos.attnrl.gpt import GPT, GPTConfig
+from algos.attnrl.lm import GenerationRequest, Policy, forward_scores, generate, load_hf_policy
+from algos.attnrl.sft import SFTConfig, default_cache_dir, pretrained_policy
+from envs.reasoning.task import CharTokenizer, ReasoningTask, step_influence
 
 torch.set_num_threads(1)
 
 
 @pytest.fixture(scope="module")
 def sft_policy():
-    """The default (laptop-scale) task, model and SFT run; cached on disk (algos.sft.default_cache_dir) and
+    """The default (laptop-scale) task, model and SFT run; cached on disk (algos.attnrl.sft.default_cache_dir) and
     shared with test_attnrl_learning."""
     task = ReasoningTask()
     policy, info = pretrained_policy(task, GPTConfig(vocab_size=task.tokenizer.vocab_size), SFTConfig(),
@@ -148,7 +148,7 @@ def test_hf_checkpoint_runs_the_same_code_path(tmp_path, arch):
 
 def test_step_influence_of_a_hand_written_program():
     task = ReasoningTask()
-    from envs.reasoning import Problem, Step
+    from envs.reasoning.task import Problem, Step
     steps = (Step("c", "a", "+", "b"), Step("d", "c", "+", "a"), Step("e", "a", "-", "b"), Step("f", "d", "+", "c"))
     values = {"a": 1, "b": 2, "c": 3, "d": 4, "e": 9, "f": 7}
     p = Problem((("a", 1), ("b", 2)), steps, "f", 10, 1, values)

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from algos.lift_finetune import (ActionScale, LinearSchedule, action_rate, branch_rollouts, mixed_sampler,
+from algos.lift.finetune import (ActionScale, LinearSchedule, action_rate, branch_rollouts, mixed_sampler,
                                  sample_start_states, steps_to_recover)
 
 torch.set_num_threads(1)
@@ -34,10 +34,10 @@ def test_schedules_follow_lifts_linear_ramps():
 
 def test_model_rollouts_start_from_real_buffer_states():
     """Every branch starts at a state of the real buffer, and the first model transition's obs is that state's obs."""
-    from algos.world_model import PhysicsWorldModel, WorldModelConfig
-    from envs.control import make_env
-    from envs.mujoco_prior import MujocoPrior
-    from envs.task_rewards import make_observation_fn, make_task_reward
+    from algos.lift.world_model import PhysicsWorldModel, WorldModelConfig
+    from envs.control.tasks import make_env
+    from envs.control.mujoco_prior import MujocoPrior
+    from envs.control.task_rewards import make_observation_fn, make_task_reward
 
     env = make_env("inverted_pendulum")
     model = PhysicsWorldModel(MujocoPrior.from_env(env), 1, WorldModelConfig(hidden_sizes=(16,)))
@@ -71,8 +71,8 @@ def test_mixed_batches_hold_the_real_ratio_and_metrics_helpers():
 
 def test_real_env_interface_refuses_stochastic_actions():
     """The real env's sampler (deterministic_only) refuses a stochastic request; deterministic ones are counted."""
-    from algos.sac import SACAgent, SACConfig
-    from experiments.env_sampler import EnvSampler
+    from algos.lift.sac import SACAgent, SACConfig
+    from experiments.lift.sampler import EnvSampler
     sampler = EnvSampler({"task": "inverted_pendulum", "num_envs": 2, "seed": 0, "physics_state": True,
                           "deterministic_only": True, "change": {"name": "gear", "scale": 0.4}})
     sampler.load_weights(SACAgent(4, 1, SACConfig.preset("smoke")).policy_state(), 1)

@@ -1,4 +1,4 @@
-"""Masked diffusion (algos/mdlm.py): schedule, sampler, exact enumeration, NELBO, pretraining."""
+"""Masked diffusion (algos/vidd/mdlm.py): schedule, sampler, exact enumeration, NELBO, pretraining."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch import nn
 
-from algos.mdlm import (
+from algos.vidd.mdlm import (
     DenoiserConfig,
     complete,
     LogLinearSchedule,

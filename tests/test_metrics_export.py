@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[1]
 DRIVER = """
 import sys, ray
 ray.init(address=sys.argv[1], namespace="orrery")
-from experiments.samplers import attach_pool
+from experiments.registry import attach_pool
 from cluster.metrics import RayGauges
 pool = attach_pool({"name": sys.argv[2], "num_workers": 2, "num_cpus": 0.5})
 pool.publish("policy", [1.0])

@@ -1,4 +1,4 @@
-"""The exact rigid-body prior (envs/mujoco_prior.py): MuJoCo's equation of motion and its Euler step."""
+"""The exact rigid-body prior (envs/control/mujoco_prior.py): MuJoCo's equation of motion and its Euler step."""
 from __future__ import annotations
 
 import types
@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from envs import mujoco_prior
-from envs.mujoco_prior import (MujocoPrior, euler_velocity_update, full_mass_matrix, identity_residual, prior_terms,
+from envs.control import mujoco_prior
+from envs.control.mujoco_prior import (MujocoPrior, euler_velocity_update, full_mass_matrix, identity_residual, prior_terms,
                                set_euler)
 
 torch.set_num_threads(1)
@@ -140,7 +140,7 @@ def test_prior_keeps_the_nominal_model_when_the_env_is_changed():
 
 
 def test_pendulum_prior_reproduces_pendulum_v1_below_the_speed_limit():
-    from envs.mujoco_prior import PendulumPrior
+    from envs.control.mujoco_prior import PendulumPrior
 
     env = gym.make("Pendulum-v1")
     env.reset(seed=0)

@@ -72,7 +72,7 @@ def test_two_drivers_share_one_named_pool(pool_factory, ray_cluster):
     script = (
         "import json, ray\n"
         f"ray.init(address={address!r}, namespace='orrery')\n"
-        "from experiments.samplers import attach_pool\n"
+        "from experiments.registry import attach_pool\n"
         f"pool = attach_pool({{'name': {pool.name!r}}})\n"
         "out = pool.map('echo', [{'sleep_s': 0.1}] * 4)\n"
         "print('PIDS', json.dumps(sorted({r['pid'] for r in out})))\n"

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from algos.normalizer import RunningNormalizer
-from algos.replay import ReplayBuffer
+from algos.lift.replay import ReplayBuffer
 
 torch.set_num_threads(1)
 
@@ -119,7 +119,7 @@ def test_normalizer_merge_equals_pooled_statistics_and_round_trips():
     rng = np.random.default_rng(1)
     chunks = [rng.normal(size=(n, 3)) * [1.0, 2.0, 3.0] + [0.0, 10.0, -5.0] for n in (10, 1, 57)]
     ranks = []
-    for chunk in chunks:  # one normaliser per rank, each fed its own (disjoint) data in two batches
+    for chunk in chunks:  # one normalizer per rank, each fed its own (disjoint) data in two batches
         rank = RunningNormalizer(3)
         rank.update(chunk[: len(chunk) // 2])
         rank.update(chunk[len(chunk) // 2:])

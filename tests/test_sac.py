@@ -11,8 +11,8 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-from algos.replay import ReplayBuffer
-from algos.sac import (
+from algos.lift.replay import ReplayBuffer
+from algos.lift.sac import (
     Actor,
     SACAgent,
     SACConfig,
@@ -275,7 +275,7 @@ def evaluate(policy, seed: int, n_envs: int = 8) -> float:
 
 def train_pendulum(cfg: SACConfig, seed: int, max_env_steps: int, threshold: float, eval_every: int = 1000,
                    eval_from: int = 4000) -> list[tuple[int, float]]:
-    """LIFT loop on Pendulum: one vectorised step, normaliser update, insert, then G updates on G*B samples.
+    """LIFT loop on Pendulum: one vectorised step, normalizer update, insert, then G updates on G*B samples.
 
     Evaluates the deterministic policy every ``eval_every`` env steps from ``eval_from`` on and stops at the
     first evaluation reaching ``threshold``. Returns ``[(env_steps, mean_return), ...]``.

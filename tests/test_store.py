@@ -60,3 +60,30 @@ def test_rollback_drops_chunks_after_a_checkpoint(tmp_path):
         store.append({"x": np.full(2, i)})
     assert store.rollback(2) == 2
     assert store.to_numpy()["x"].tolist() == [0, 0, 1, 1]
+
+
+def test_learner_journal_rolls_back_its_own_stores_and_metrics_only(tmp_path):
+    """A learner rank saves journal.parts() in its checkpoint; resuming cuts its replay and metrics back to them and
+    leaves another rank's store alone, so no row (metrics included) is written twice."""
+    from cluster.journal import Journal
+    from cluster.metrics import MetricsLogger
+    mine, other = ParquetStore(tmp_path / "data" / "replay-rank0"), ParquetStore(tmp_path / "data" / "replay-rank1")
+    metrics = MetricsLogger(tmp_path, tensorboard=False)
+    journal = Journal(tmp_path, [mine], metrics=metrics)
+    for step in range(3):
+        mine.append({"x": np.arange(2)})
+        other.append({"x": np.arange(2)})
+        metrics.log(step, {"loss": float(step)})
+    saved = journal.parts()  # the checkpoint
+    assert saved == {"data/replay-rank0": 3, "metrics": 1}
+    mine.append({"x": np.arange(2)})  # work after the checkpoint, then a crash
+    other.append({"x": np.arange(2)})
+    metrics.log(3, {"loss": 3.0})
+    metrics.flush()
+    metrics.log(4, {"loss": 4.0})  # buffered, never flushed
+    assert journal.rollback(saved) == 2
+    assert mine.num_parts == 3 and other.num_parts == 4
+    metrics.log(3, {"loss": 30.0})
+    metrics.flush()
+    steps = ParquetStore(tmp_path / "metrics").to_numpy(["step"])["step"]
+    assert sorted(steps.tolist()) == [0.0, 1.0, 2.0, 3.0]

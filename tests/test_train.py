@@ -9,18 +9,18 @@ import pytest
 
 def _toy_train_fn(config):
     import torch
-    from cluster import train as T
-    T.set_threads(1)
-    torch.manual_seed(T.rank())  # different init per rank: DDP must broadcast rank 0's
-    model = T.wrap_ddp(torch.nn.Linear(3, 1))
+    from cluster import ddp
+    ddp.set_threads(1)
+    torch.manual_seed(ddp.rank())  # different init per rank: DDP must broadcast rank 0's
+    model = ddp.wrap_ddp(torch.nn.Linear(3, 1))
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     start = 0
-    with T.latest_checkpoint() as ckpt:
+    with ddp.latest_checkpoint() as ckpt:
         if ckpt is not None:
             state = torch.load(ckpt / "state.pt")
             (model.module if hasattr(model, "module") else model).load_state_dict(state["model"])
             start = state["step"]
-    g = torch.Generator().manual_seed(100 + T.rank())  # different data per rank: gradients must be averaged
+    g = torch.Generator().manual_seed(100 + ddp.rank())  # different data per rank: gradients must be averaged
     for step in range(start, start + config["steps"]):
         x = torch.randn(64, 3, generator=g)
         loss = ((model(x) - x.sum(1, keepdim=True)) ** 2).mean()
@@ -28,17 +28,17 @@ def _toy_train_fn(config):
         loss.backward()
         opt.step()
         flat = torch.cat([p.detach().flatten() for p in model.parameters()])
-        with T.checkpoint_dir() as d:
+        with ddp.checkpoint_dir() as d:
             torch.save({"model": (model.module if hasattr(model, "module") else model).state_dict(),
                         "step": step + 1}, d / "state.pt")
-            T.report({"step": step + 1, "loss": loss.item(), "param_sum": flat.sum().item(),
-                      "rank": T.rank()}, checkpoint_dir=d)
-        (config["out"] and open(f"{config['out']}/rank{T.rank()}.json", "w").write(json.dumps(flat.tolist())))
+            ddp.report({"step": step + 1, "loss": loss.item(), "param_sum": flat.sum().item(),
+                      "rank": ddp.rank()}, checkpoint_dir=d)
+        (config["out"] and open(f"{config['out']}/rank{ddp.rank()}.json", "w").write(json.dumps(flat.tolist())))
 
 
 def test_ddp_two_workers_identical_params_and_resume(ray_cluster, tmp_path):
     from cluster.train import fit
-    from experiments.config import TrainConfig
+    from cluster.train import TrainConfig
     train = TrainConfig(num_workers=2, cpus_per_worker=0.5)
     out = tmp_path / "params"
     out.mkdir()

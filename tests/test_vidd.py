@@ -1,4 +1,4 @@
-"""VIDD (algos/vidd.py) and DDPO (algos/ddpo.py): weights by hand, budgets, and an exact tiny-space check."""
+"""VIDD (algos/vidd/vidd.py) and DDPO (algos/vidd/ddpo.py): weights by hand, budgets, and an exact tiny-space check."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ import pytest
 import torch
 from torch import nn
 
-from algos import ddpo
-from algos.mdlm import DenoiserConfig, MaskedDenoiser, denoise_one_step, exact_sample_distribution, sample
-from algos.vidd import (
+from algos.vidd import ddpo
+from algos.vidd.mdlm import DenoiserConfig, MaskedDenoiser, denoise_one_step, exact_sample_distribution, sample
+from algos.vidd.vidd import (
     RewardCounter,
     VIDDBatch,
     VIDDConfig,
@@ -323,13 +323,13 @@ def test_vidd_moves_exact_sample_distribution_toward_soft_optimal_target():
     assert float((p_refreshed * rewards).sum()) > float((p_tuned * rewards).sum())
 
 
-def test_weights_are_normalised_within_each_reverse_step():
+def test_weights_are_normalized_within_each_reverse_step():
     weights = torch.tensor([1.0, 3.0, 10.0, 30.0, 7.0, 0.0])
     t = torch.tensor([1.0, 1.0, 0.5, 0.5, 0.5, 0.5])
     changed = torch.tensor([True, True, True, True, False, False])
     out = per_step_normalized(weights, t, changed)
     assert out.tolist() == pytest.approx([0.5, 1.5, 0.5, 1.5, 7.0, 0.0])  # unchanged rows keep their value
-    # a value offset shared by all states of one step (a per-step bias of v) leaves the normalised loss unchanged
+    # a value offset shared by all states of one step (a per-step bias of v) leaves the normalized loss unchanged
     model = tiny_pretrained()
     g = torch.Generator().manual_seed(3)
     states = sample(model, 8, L, 4, g, record_trajectory=True).states

@@ -8,12 +8,12 @@ import uuid
 import numpy as np
 import torch
 
-from algos.mdlm import DenoiserConfig, MaskedDenoiser
+from algos.vidd.mdlm import DenoiserConfig, MaskedDenoiser
 from cluster.metrics import read_metrics
 from cluster.store import ParquetStore
-from envs.molecules import PAD, MoleculeReward, smiles_to_selfies_symbols
-from envs.sequences import build_vocab
-from experiments.vidd_sampler import DiffusionSampler
+from envs.bio.molecules import PAD, MoleculeReward, smiles_to_selfies_symbols
+from envs.bio.sequences import build_vocab
+from experiments.vidd.sampler import DiffusionSampler
 
 torch.set_num_threads(1)
 
@@ -100,7 +100,7 @@ def test_vidd_molecule_end_to_end_through_pool_and_train(tmp_path, ray_cluster):
             "experiment.batch_size=8", "experiment.timesteps_per_trajectory=2", "experiment.refresh_interval=2",
             "experiment.best_of_n_outputs=16", "experiment.eval_samples=16", "experiment.eval_every=2",
             "experiment.nll_time_samples=1"])
-        from experiments.samplers import attach_pool
+        from experiments.registry import attach_pool
         shared = attach_pool({"name": pool})
         stats = shared.stats()
         # a crashing oracle inside a pool worker: the request succeeds and the errors come back as counts

@@ -16,9 +16,9 @@ import numpy as np
 import pytest
 import torch
 
-from algos.mdlm import DenoiserConfig, MaskedDenoiser, PretrainConfig, nelbo, pretrain, sample
-from algos.vidd import VIDDConfig, finetune
-from envs.molecules import MoleculeReward, make_molecule_dataset, molecule_metrics, tokens_to_smiles
+from algos.vidd.mdlm import DenoiserConfig, MaskedDenoiser, PretrainConfig, nelbo, pretrain, sample
+from algos.vidd.vidd import VIDDConfig, finetune
+from envs.bio.molecules import MoleculeReward, make_molecule_dataset, molecule_metrics, tokens_to_smiles
 
 torch.set_num_threads(1)
 

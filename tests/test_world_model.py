@@ -1,4 +1,4 @@
-"""LIFT stage (ii) world models (algos/world_model.py) on gymnasium MuJoCo data with the MuJoCo prior."""
+"""LIFT stage (ii) world models (algos/lift/world_model.py) on gymnasium MuJoCo data with the MuJoCo prior."""
 from __future__ import annotations
 
 import dataclasses
@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 import torch
 
-from algos.world_model import (TRANSITION_COLUMNS, BlackBoxEnsemble, EarlyStopping, PhysicsWorldModel,
+from algos.lift.world_model import (TRANSITION_COLUMNS, BlackBoxEnsemble, EarlyStopping, PhysicsWorldModel,
                                WorldModelConfig, as_tensors, episode_ids, gather_windows, integrate_positions,
                                multistep_errors, quaternion_integrate, successor_index, train_world_model, windows)
-from envs.mujoco_prior import MujocoPrior, prior_terms, set_euler
-from envs.task_rewards import make_task_reward
+from envs.control.mujoco_prior import MujocoPrior, prior_terms, set_euler
+from envs.control.task_rewards import make_task_reward
 
 torch.set_num_threads(1)
 
@@ -128,7 +128,7 @@ def test_multistep_loss_ignores_steps_after_a_termination(walker):
     index, valid = windows(successor, np.flatnonzero(data["terminated"] == 0)[:16], 3)
     batch = gather_windows(tensors, index, valid)
     model = BlackBoxEnsemble.like(prior, 6, WorldModelConfig(hidden_sizes=(16,)))
-    model.fit_normalisers(tensors)
+    model.fit_normalizers(tensors)
     base, _ = model.loss(batch)
     batch["terminated"][:, 0] = 1.0
     cut, _ = model.loss(batch)
@@ -143,7 +143,7 @@ def test_ensemble_prediction_combines_members(walker):
     env, prior = walker
     data = as_tensors(collect(env, 100, seed=3))
     model = BlackBoxEnsemble.like(prior, 6, WorldModelConfig(hidden_sizes=(16,), ensemble_size=3))
-    model.fit_normalisers(data)
+    model.fit_normalizers(data)
     state = torch.cat((data["qpos"], data["qvel"]), -1)[:10]
     members, _ = model._members(state.expand(3, -1, -1), data["action"][:10].expand(3, -1, -1), True)
     mean, logvar = model.predict(state, data["action"][:10])
@@ -201,7 +201,7 @@ def test_config_validation_names_the_field():
 def test_physics_model_beats_black_box_on_walker2d_at_equal_data_and_steps(walker):
     """LIFT's claim at CPU size: same 3000 random-action transitions, same network and Adam steps; the physics model
     has the smaller 10-step open-loop error on held-out episodes of a smoother (shifted) action process, and is
-    accurate in distribution. (In distribution the two tie at this size: see the numbers in algos/world_model.py.)"""
+    accurate in distribution. (In distribution the two tie at this size: see the numbers in algos/lift/world_model.py.)"""
     env, prior = walker
     data = collect(env, 3000, seed=0)
     shifted = collect(env, 1500, seed=100, smooth=True)
@@ -223,7 +223,7 @@ def test_physics_model_beats_black_box_on_walker2d_at_equal_data_and_steps(walke
 
 def test_physics_model_on_pendulum_with_its_closed_form_prior():
     """Pendulum-v1's prior is exact below the speed limit: the physics model needs almost no residual."""
-    from envs.mujoco_prior import PendulumPrior
+    from envs.control.mujoco_prior import PendulumPrior
 
     env = gym.make("Pendulum-v1")
     prior = PendulumPrior(env)

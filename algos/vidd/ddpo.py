@@ -1,0 +1,86 @@
+"""DDPO-style policy gradient over the denoising chain (Black et al., 2024), the VIDD paper's baseline.
+
+The denoising chain ``x_T -> ... -> x_0`` is an MDP whose terminal reward is ``r(x_0)``. Each
+iteration samples trajectories from the current policy (the "old" policy ``theta_old``; lazy interval
+K = 1), normalizes the terminal rewards into advantages ``A`` and takes ``inner_steps`` gradient steps on
+the PPO-clip surrogate
+
+    L(theta) = -E_{b, t} [ min(rho A, clip(rho, 1 - eps, 1 + eps) A) ],
+    rho = p_theta(x_{t-1} | x_t) / p_theta_old(x_{t-1} | x_t),
+
+where the ratio only involves the newly unmasked tokens (the schedule's unmasking probabilities cancel).
+Theorem 1 of the VIDD paper: this optimises the reverse KL to the soft-optimal trajectory distribution.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Callable
+
+import torch
+from torch import Tensor, nn
+
+from algos.vidd.mdlm import SampleResult, newly_unmasked_log_prob, x0_log_probs
+
+if TYPE_CHECKING:  # algos.vidd.vidd imports this module
+    from algos.vidd.vidd import RewardCounter, VIDDConfig
+
+
+def normalized_advantages(rewards: Tensor, eps: float = 1e-8) -> Tensor:
+    """Batch-standardised terminal rewards (DDPO's per-batch advantage normalization)."""
+    if rewards.numel() < 2:
+        return torch.zeros_like(rewards)
+    return (rewards - rewards.mean()) / (rewards.std() + eps)
+
+
+def transition_log_probs(policy: nn.Module, states: Tensor, steps: Tensor) -> Tensor:
+    """``log p_theta(x_{t-1} | x_t)`` (theta-dependent part) for trajectory ``b`` at reverse step ``steps[b, j]``.
+
+    ``states``: ``[T + 1, B, L]``; ``steps``: ``[B, k]``; returns ``[B, k]``.
+    """
+    B, k = steps.shape
+    batch_index = torch.arange(B).unsqueeze(1).expand_as(steps).reshape(-1)
+    flat = steps.reshape(-1)
+    x_t, x_next = states[flat, batch_index], states[flat + 1, batch_index]
+    log_p = newly_unmasked_log_prob(x0_log_probs(policy, x_t), x_t, x_next, policy.mask_id)
+    return log_p.reshape(B, k)
+
+
+def ppo_clip_loss(log_p: Tensor, old_log_p: Tensor, advantages: Tensor, clip: float) -> tuple[Tensor, dict]:
+    """PPO-clip surrogate over ``[B, k]`` transitions with per-trajectory advantages ``[B]``."""
+    ratio = (log_p - old_log_p).exp()
+    adv = advantages.unsqueeze(1)
+    surrogate = torch.minimum(ratio * adv, ratio.clamp(1.0 - clip, 1.0 + clip) * adv)
+    loss = -surrogate.mean()
+    clipped = ((ratio - 1.0).abs() > clip).float().mean()
+    return loss, {"loss": loss.item(), "clip_fraction": clipped.item(), "ratio_mean": ratio.mean().item()}
+
+
+def ddpo_iteration(
+    policy: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    reward_fn: "RewardCounter",
+    cfg: "VIDDConfig",
+    generator: torch.Generator,
+    sample_fn: Callable[..., SampleResult],
+) -> dict:
+    """Sample from the current policy, score ``x_0`` (one query per distinct sample), PPO-clip updates."""
+    n = int(min(cfg.batch_size, reward_fn.remaining))
+    T = cfg.num_sampling_steps
+    states = sample_fn(policy, n, policy.seq_len, T, generator, record_trajectory=True).states
+    rewards, _ = reward_fn(states[-1])
+    advantages = normalized_advantages(rewards)
+    k = cfg.steps_per_trajectory
+    metrics: dict = {"reward_mean": rewards.mean().item(), "reward_max": rewards.max().item()}
+    policy.train()
+    with torch.no_grad():
+        old_log_p_all = transition_log_probs(policy, states, torch.arange(T).expand(n, T))
+    for _ in range(cfg.ddpo_inner_steps):
+        steps = torch.rand(n, T, generator=generator).argsort(dim=1)[:, :k]
+        log_p = transition_log_probs(policy, states, steps)
+        loss, step_metrics = ppo_clip_loss(log_p, old_log_p_all.gather(1, steps), advantages, cfg.ddpo_clip)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        step_metrics["grad_norm"] = float(nn.utils.clip_grad_norm_(policy.parameters(), cfg.grad_clip))
+        optimizer.step()
+    metrics.update(step_metrics)
+    return metrics
