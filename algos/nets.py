@@ -1,5 +1,6 @@
 """Generic MLP builders shared by all algorithms: a plain ``nn.Sequential`` MLP and an ensemble MLP that runs
-E independent members as one batched matmul per layer (twin critics, world-model ensembles).
+E independent members as one batched matmul per layer (twin critics, world-model ensembles); ``unwrap`` reaches
+through a DDP wrapper.
 
 Initialisation follows Flax/Brax (what LIFT uses): LeCun-uniform kernels, i.e. U(-sqrt(3/fan_in), sqrt(3/fan_in)),
 and zero biases.
@@ -148,3 +149,8 @@ class EnsembleMLP(nn.Module):
         for layer in self.layers[:-1]:
             x = self.activation(layer(x, detach_params))
         return self.layers[-1](x, detach_params)
+
+
+def unwrap(module: nn.Module) -> nn.Module:
+    """The module inside a DDP/FSDP-style wrapper (``.module``), or the module itself."""
+    return getattr(module, "module", module)

@@ -3,9 +3,10 @@
     OMP_NUM_THREADS=1 python -m benchmarks.attnrl --seeds 0 1 2 --budget 500000 --record out.md
     OMP_NUM_THREADS=1 python -m benchmarks.attnrl --quick           # about a minute: small budget, one seed
 
-Every method starts from the same SFT model (algos.attnrl.sft, cached under --cache) and trains with algos.attnrl.attnrl.train
-(in-process sampler: the algorithm is what is compared here; the cluster wiring is experiments/attnrl/driver.py) for
-about the same number of generated tokens (every generation call counted: initial samples, continuations). A run
+Every method starts from the same SFT model (algos.attnrl.sft, cached under --cache) and trains with
+algos.attnrl.train.train (in-process sampler: the algorithm is what is compared here; the cluster wiring is
+experiments/attnrl/) for about the same number of generated tokens (every generation call counted: initial
+samples, continuations). A run
 can only stop at an update boundary, and a tree update costs several thousand tokens, so runs end at slightly
 different totals: all comparisons are made at a *matched* token count, the smallest final total among the methods
 of a seed, with every accuracy curve linearly interpolated there.
@@ -22,7 +23,6 @@ import argparse
 import copy
 import json
 import logging
-import random
 import statistics
 import sys
 import time
@@ -30,7 +30,8 @@ from pathlib import Path
 
 import torch
 
-from algos.attnrl.attnrl import METHODS, RLConfig, train
+from algos.attnrl.config import METHODS, RLConfig
+from algos.attnrl.train import train
 from algos.attnrl.gpt import GPTConfig
 from algos.attnrl.sft import SFTConfig, evaluate_accuracy, pretrained_policy
 from envs.reasoning.task import ReasoningTask
@@ -247,8 +248,9 @@ def main(argv: list[str] | None = None) -> dict:
     sft, info = pretrained_policy(task, GPTConfig(vocab_size=task.tokenizer.vocab_size), sft_cfg,
                                   cache_dir=args.cache)
     sft_s = time.perf_counter() - t0
+    # seeded afresh for each difficulty, as the recorded results were drawn
     problems = [p for d in range(task.cfg.min_steps, task.cfg.max_steps + 1)
-                for p in task.sample(random.Random(2024), args.eval_per_difficulty, difficulty=d)]
+                for p in task.evaluation_problems(args.eval_per_difficulty, seed=2024, difficulties=[d])]
     sft_eval = evaluate_accuracy(sft, task, problems)
     sft_eval.sampled = evaluate_accuracy(sft, task, problems * 4, temperature=0.6,
                                          generator=torch.Generator().manual_seed(0)).accuracy
@@ -318,7 +320,7 @@ Command (repo root): `{cmd}`
 
 Machine: 2 cores shared with other jobs (load average {'/'.join(load)} at the end); torch {torch.__version__}, 1 thread.
 Task: envs.reasoning.task default ({task_desc}); model: algos.attnrl.gpt default after SFT ({info['steps']} steps, SFTConfig defaults
-{'' if args.sft_steps is None else f'capped at {args.sft_steps} steps'}). RL: algos.attnrl.attnrl.RLConfig defaults, {args.prompts_per_batch}
+{'' if args.sft_steps is None else f'capped at {args.sft_steps} steps'}). RL: algos.attnrl.config.RLConfig defaults, {args.prompts_per_batch}
 prompts per batch, {args.budget} generated tokens per run (all calls counted), seeds {args.seeds}. Greedy accuracy on
 {args.eval_per_difficulty} fixed problems per difficulty, evaluated every ~{args.eval_tokens} tokens; every number is
 taken at the matched token count of its seed (smallest final total among the methods, curves interpolated).

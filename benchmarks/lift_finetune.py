@@ -33,9 +33,11 @@ from pathlib import Path
 
 import numpy as np
 
+from experiments.lift.finetune import method_rows
+from experiments.lift.finetune_config import METHODS
+
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 log = logging.getLogger(__name__)
-METHODS = ("lift", "sac_finetune", "mbpo_wm")
 # Overrides of the full run (see the module docstring). 10 epochs x 200 = 2000 real steps per method; HUPT ramps
 # 20 -> 100 branches of 400 start states over epochs 0-2, each followed by 20 SAC steps: 400 -> 2000 model-based SAC
 # steps per 200 real steps (UTD 2 -> 10; LIFT's full schedule is 20), horizon 1 -> 5.
@@ -54,10 +56,11 @@ def pretrain_in_process(run: Path, task: str = "inverted_pendulum", env_steps: i
     SACAgent state) and data/replay-rank0 Parquet with the physics columns. For tests and quick benchmarks."""
     import torch
 
-    from algos.lift.replay import ReplayBuffer
-    from algos.lift.sac import SACAgent, SACConfig, update
+    from algos.lift.agent import SACAgent
+    from algos.lift.replay import ReplayBuffer, transition_fields
+    from algos.lift.sac import SACConfig, update
     from cluster.store import ParquetStore
-    from envs.control.tasks import VectorRollout
+    from envs.control.rollout import VectorRollout
 
     torch.manual_seed(seed)
     rng = np.random.default_rng(seed)
@@ -65,10 +68,7 @@ def pretrain_in_process(run: Path, task: str = "inverted_pendulum", env_steps: i
     rollout = VectorRollout(task, num_envs, seed, physics_state=True)
     obs_dim, act_dim = rollout.single_observation_space.shape[0], rollout.single_action_space.shape[0]
     agent = SACAgent(obs_dim, act_dim, cfg)
-    fields = {"obs": ((obs_dim,), torch.float32), "action": ((act_dim,), torch.float32), "reward": ((), torch.float32),
-              "next_obs": ((obs_dim,), torch.float32), "terminated": ((), torch.float32),
-              "truncated": ((), torch.float32)}
-    buffer = ReplayBuffer(cfg.replay_capacity, fields)
+    buffer = ReplayBuffer(cfg.replay_capacity, transition_fields(obs_dim, act_dim))
     gen = torch.Generator().manual_seed(seed)
     chunks, steps = [], 0
 
@@ -80,7 +80,7 @@ def pretrain_in_process(run: Path, task: str = "inverted_pendulum", env_steps: i
     while steps < env_steps:
         batch, _ = rollout.collect(policy, 8)
         agent.update_normalizers(batch["obs"])
-        buffer.add({k: batch[k] for k in fields})
+        buffer.add({k: batch[k] for k in buffer.specs})
         chunks.append(batch)
         steps += len(batch["reward"])
         if len(buffer) >= cfg.min_replay_size:
@@ -98,13 +98,11 @@ def curves(results: list[dict]) -> dict[str, dict[str, np.ndarray]]:
     """Per method: real steps (the shared evaluation schedule) and the eval returns (seeds, steps) read from each
     seed's metrics; seeds are cut to the shortest curve."""
     from cluster.metrics import read_metrics
-    from experiments.lift.finetune import METHODS as ALL
     out: dict[str, dict[str, np.ndarray]] = {}
     for m in METHODS:
         per_seed = []
         for r in results:
-            df = read_metrics(r["run_dir"])
-            rows = df[df["method_id"] == ALL.index(m)].dropna(subset=["eval_return"]).sort_values("real_env_steps")
+            rows = method_rows(read_metrics(r["run_dir"]), m).dropna(subset=["eval_return"])
             if len(rows):
                 per_seed.append((rows["real_env_steps"].to_numpy(), rows["eval_return"].to_numpy()))
         if per_seed:

@@ -73,6 +73,8 @@ class Measurement:
     steps_per_cpu_s: float
     episode_length: float
     worker_steps_per_cpu_s: float = float("nan")  # pool rows: per CPU-second of the worker processes alone
+    manager_ms_per_request: float = float("nan")  # pool rows: the manager's CPU per request
+    result_mb_per_request: float = float("nan")  # pool rows: pickled size of one result
 
 
 @dataclass
@@ -102,6 +104,14 @@ class Row:
     @property
     def episode_length(self) -> float:
         return statistics.median(m.episode_length for m in self.runs)
+
+    @property
+    def manager_ms_per_request(self) -> float:
+        return statistics.median(m.manager_ms_per_request for m in self.runs)
+
+    @property
+    def result_mb_per_request(self) -> float:
+        return statistics.median(m.result_mb_per_request for m in self.runs)
 
 
 # -- CPU accounting ------------------------------------------------------------------------------------------------
@@ -279,7 +289,7 @@ def measure_async_vector(num_envs: int, env_steps: int, seed: int, warmup: int =
 def measure_rollout(num_envs: int, steps_per_call: int, env_steps: int, seed: int,
                     physics_state: bool) -> Measurement:
     """(d): the pool sampler's stepping path, ``VectorRollout.collect``, called as a sampler calls it."""
-    from envs.control.tasks import VectorRollout, random_policy
+    from envs.control.rollout import VectorRollout, random_policy
     rollout = VectorRollout(TASK, num_envs, seed, physics_state=physics_state)
     policy = random_policy(rollout.single_action_space, seed)
     rollout.collect(policy, 5)  # warm-up
@@ -340,23 +350,77 @@ def _cpu_seconds_of(pids: list[int]) -> float:
     return sum(sum(_cpu_seconds_of_tree(pid).values()) for pid in pids)
 
 
-def measure_pool(pool: Any, worker_pids: list[int], workers: int, num_envs: int, steps_per_request: int,
-                 num_requests: int, physics_state: bool) -> Measurement:
+def manager_pid(pool_name: str) -> int:
+    from ray.util.state import list_actors
+    actors = list_actors(filters=[("name", "=", pool_name), ("state", "=", "ALIVE")])
+    return int(actors[0].pid)
+
+
+def measure_pool(pool: Any, worker_pids: list[int], manager: int, workers: int, num_envs: int,
+                 steps_per_request: int, num_requests: int, physics_state: bool) -> Measurement:
     """One map of ``num_requests`` (rounded up to whole rounds of ``workers``: no lone tail request).
-    ``workers`` == 1 pins every request to worker 0; otherwise the pool balances the load itself."""
+    ``workers`` == 1 pins every request to worker 0; otherwise the pool balances the load itself. Also the manager's
+    CPU per request and the size of a result (what a manager that relays results has to deserialise and re-send)."""
+    import pickle
     n = math.ceil(num_requests / workers) * workers
     requests = [{"steps": steps_per_request}] * n
     affinity = [0] * n if workers == 1 else None
-    samples, lengths = 0, []
+    samples, lengths, result_bytes = 0, [], 0
     worker_cpu = _cpu_seconds_of(worker_pids[:workers])
+    manager_cpu = _cpu_seconds_of([manager])
     start, cpu = time.perf_counter(), CpuClock()  # driver + Ray's processes + manager + workers (idle ones too)
-    for _, result in pool.imap("env", requests, config=sampler_config(num_envs, physics_state), affinity=affinity):
+    for i, result in pool.imap("env", requests, config=sampler_config(num_envs, physics_state), affinity=affinity):
         samples += result["num_samples"]
         lengths.extend(result["episode_lengths"].tolist())
+        if i == 0:
+            result_bytes = len(pickle.dumps(result, protocol=5))
     wall, cpu_s = time.perf_counter() - start, cpu.seconds()
     worker_cpu = _cpu_seconds_of(worker_pids[:workers]) - worker_cpu
+    manager_cpu = _cpu_seconds_of([manager]) - manager_cpu
     return Measurement(samples / wall, samples / cpu_s, float(np.mean(lengths)) if lengths else float("nan"),
-                       samples / worker_cpu)
+                       samples / worker_cpu, 1000 * manager_cpu / n, result_bytes / 1e6)
+
+
+_ROUTING_DRIVER = """
+import json, os, sys, time, ray
+ray.init(address=sys.argv[1], namespace="orrery", log_to_driver=False)
+from experiments.registry import attach_pool
+pool = attach_pool({"name": sys.argv[2]})
+n, go = int(sys.argv[3]), sys.argv[4]
+pool.map("echo", [{}] * 8)  # connected and warm
+open(go + ".ready." + str(os.getpid()), "w").close()
+while not os.path.exists(go):
+    time.sleep(0.005)
+start = time.time()
+pool.map("echo", [{}] * n)
+print(json.dumps({"start": start, "end": time.time()}))
+"""
+
+
+def measure_routing(pool: Any, drivers: int, requests: int) -> float:
+    """Requests per second the manager schedules with no-op samplers (echo, no sleep): ``drivers`` separate driver
+    processes each map ``requests // drivers`` requests at once; the rate is all requests over first start to last
+    end. Bounds how many samplers (and how small their requests) one manager can keep busy."""
+    import json
+    import subprocess
+    import ray
+    address = ray.get_runtime_context().gcs_address
+    go = Path("/tmp") / f"orrery-routing-{uuid.uuid4().hex[:6]}"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    procs = [subprocess.Popen([sys.executable, "-c", _ROUTING_DRIVER, address, pool.name, str(requests // drivers),
+                               str(go)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)
+             for _ in range(drivers)]
+    deadline = time.monotonic() + 300
+    while len(list(go.parent.glob(go.name + ".ready.*"))) < drivers:
+        if time.monotonic() > deadline or any(p.poll() is not None for p in procs):
+            raise RuntimeError("routing drivers did not start: " + "".join(p.stderr.read() for p in procs
+                                                                             if p.poll() is not None))
+        time.sleep(0.05)
+    go.touch()
+    spans = [json.loads(p.communicate(timeout=600)[0].strip().splitlines()[-1]) for p in procs]
+    for f in go.parent.glob(go.name + "*"):
+        f.unlink()
+    return (requests // drivers) * drivers / (max(s["end"] for s in spans) - min(s["start"] for s in spans))
 
 
 def ray_idle_cores(seconds: float = 3.0) -> float:
@@ -419,12 +483,13 @@ def run(args: argparse.Namespace) -> tuple[list[Row], dict[str, Any]]:
         add(Row("d", "(d) VectorRollout.collect, no Ray", 1, f"{big[0]}x{big[1]}"),
             partial(in_fresh_process, measure_rollout, *big, args.steps, args.seed, args.physics_state))
         worker_pids = [w["pid"] for w in pool.stats()["workers"]]
+        manager = manager_pid(pool.name)
         for envs, steps in shapes:
             warm_pool(pool, max(cores_list), envs, args.physics_state, args.seed)
             requests = math.ceil(args.steps / (envs * steps)) if (envs, steps) == big else args.small_requests
             for n in cores_list:
                 add(Row(f"pool{n}-{envs}x{steps}", f"pool, {n} worker(s)", n, f"{envs}x{steps}"),
-                    partial(measure_pool, pool, worker_pids, n, envs, steps, requests, args.physics_state))
+                    partial(measure_pool, pool, worker_pids, manager, n, envs, steps, requests, args.physics_state))
         idle = []
         for rep in range(args.repeats):
             idle.append(ray_idle_cores())
@@ -433,6 +498,12 @@ def run(args: argparse.Namespace) -> tuple[list[Row], dict[str, Any]]:
                 row.runs.append(m)
                 log.info("repeat %d  %-40s %-6s %6.0f env steps/s, %6.0f per CPU-s (mean episode %.1f steps)",
                          rep + 1, row.label, row.request, m.steps_per_s, m.steps_per_cpu_s, m.episode_length)
+        routing = {d: [] for d in args.routing_drivers}
+        for rep in range(args.repeats):
+            for d in args.routing_drivers:
+                routing[d].append(measure_routing(pool, d, args.routing_requests))
+                log.info("repeat %d  routing with %d driver(s): %.0f requests/s", rep + 1, d, routing[d][-1])
+        info["routing"] = routing
         pool_stats = {k: v for k, v in pool.stats().items() if k in ("requests", "samples", "retries", "restarts")}
     finally:
         try:
@@ -455,6 +526,18 @@ def table(rows: list[Row]) -> str:
         lines.append(f"| {r.label} | {r.request} | {r.cores} | {r.median:.0f} | {r.per_core:.0f} | "
                      f"{r.per_core / c.per_core:.2f} | {r.per_cpu_s:.0f} | {r.per_cpu_s / c.per_cpu_s:.2f} | {runs} | "
                      f"{r.episode_length:.1f} |")
+    return "\n".join(lines)
+
+
+def manager_table(rows: list[Row], info: dict) -> str:
+    lines = ["| pool row | request (envs x steps) | result size (MB) | manager CPU per request (ms) |", "|---|---|---|---|"]
+    for r in rows:
+        if r.key.startswith("pool"):
+            lines.append(f"| {r.label} | {r.request} | {r.result_mb_per_request:.2f} | {r.manager_ms_per_request:.2f} |")
+    lines += ["", "| routing (no-op echo requests) | requests/s (median) | runs |", "|---|---|---|"]
+    for d, rates in info["routing"].items():
+        lines.append(f"| {d} driver process(es) | {statistics.median(rates):.0f} | "
+                     f"{', '.join(f'{r:.0f}' for r in rates)} |")
     return "\n".join(lines)
 
 
@@ -515,6 +598,11 @@ def report(rows: list[Row], info: dict, args: argparse.Namespace) -> str:
         f"cores the other jobs left.", "",
         table(rows), "",
         *[f"- {line}" for line in ratios(rows, info)], "",
+        "The manager only schedules: it reads a worker's `(samples, seconds)` reply and hands the result's ObjectRef "
+        "to the driver, which fetches the result from the worker's node. Its CPU per request and the routing rate "
+        "(requests/s it schedules when the samplers do nothing) are what bound how many workers and drivers one "
+        "manager serves:", "",
+        manager_table(rows, info), "",
         "Reading: (c) is what the cores can do. Everything a gymnasium env adds around `mj_step` is Python per env "
         "step: the 348-float observation (qpos, qvel, cinert, cvel, qfrc_actuator, cfrc_ext flattened and "
         "concatenated from fresh MjData views), two einsum mass centres, the reward terms, the info dict, "
@@ -552,6 +640,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--workers", type=int, nargs="+", default=[1, 2], help="pool worker counts (= cores) to test")
     p.add_argument("--repeats", type=int, default=3, help="interleaved repeats; the table gives medians")
     p.add_argument("--physics-state", action="store_true", help="pool/rollout also record qpos/qvel/ctrl")
+    p.add_argument("--routing-drivers", type=int, nargs="+", default=[1, 4],
+                   help="driver processes for the manager's routing-rate rows (no-op requests)")
+    p.add_argument("--routing-requests", type=int, default=2000, help="no-op requests per routing measurement")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--quick", action="store_true", help="smoke run: 2000 steps, 100 small requests, 1 repeat")
     p.add_argument("--record", type=Path, default=None, help="write the section into this RESULTS.md")

@@ -9,7 +9,7 @@ Three parts, all run in one invocation on the same machine (``--only`` picks one
               timed call. Besides wall-clock rates, updates per CPU-second of this process: on a shared machine
               the wall clock mostly measures how much of a core the scheduler gave us.
     pendulum  wall time and env steps until the deterministic evaluation return (``--eval-episodes`` episodes
-              every ``--eval-every`` env steps, ``envs.control.tasks.evaluate`` with seed 10000 + seed for everyone)
+              every ``--eval-every`` env steps, ``envs.control.rollout.evaluate`` with seed 10000 + seed for everyone)
               reaches ``--threshold`` on Pendulum-v1, capped at ``--max-env-steps`` and ``--time-cap`` each:
               * orrery: the real cluster experiment (``python -m experiments.run experiment=lift_pretrain
                 env=pendulum experiment.stop_return=...``) in a subprocess, read back from its metrics Parquet;
@@ -129,16 +129,14 @@ def orrery_updater(obs_dim: int, act_dim: int, utd: int, bf16: bool, seed: int) 
     """
     import torch
 
-    from algos.lift.replay import ReplayBuffer
-    from algos.lift.sac import SACAgent, SACConfig, update
+    from algos.lift.agent import SACAgent
+    from algos.lift.replay import ReplayBuffer, transition_fields
+    from algos.lift.sac import SACConfig, update
     torch.manual_seed(seed)
     cfg = SACConfig(batch_size=BATCH, utd=utd, actor_hidden=HIDDEN, critic_hidden=HIDDEN, activation="relu",
                     bf16=bf16, replay_capacity=100_000, min_replay_size=1)
     agent = SACAgent(obs_dim, act_dim, cfg)
-    fields = {"obs": ((obs_dim,), torch.float32), "action": ((act_dim,), torch.float32), "reward": ((), torch.float32),
-              "next_obs": ((obs_dim,), torch.float32), "terminated": ((), torch.float32),
-              "truncated": ((), torch.float32)}
-    buffer = ReplayBuffer(cfg.replay_capacity, fields)
+    buffer = ReplayBuffer(cfg.replay_capacity, transition_fields(obs_dim, act_dim))
     buffer.add({"obs": torch.randn(FILL, obs_dim), "action": torch.rand(FILL, act_dim) * 2 - 1,
                 "reward": torch.randn(FILL), "next_obs": torch.randn(FILL, obs_dim),
                 "terminated": (torch.rand(FILL) < 0.01).float(), "truncated": torch.zeros(FILL)})
@@ -266,7 +264,7 @@ class Curve:
 
 def eval_policy(policy: Callable[[np.ndarray], np.ndarray], budget: Budget) -> float:
     """Mean deterministic return on Pendulum-v1; ``policy`` maps observations to actions in [-1, 1]."""
-    from envs.control.tasks import evaluate
+    from envs.control.rollout import evaluate
     stats = evaluate("pendulum", policy, budget.eval_episodes, seed=10_000 + budget.seed)
     return float(np.mean(stats.returns))
 
@@ -541,7 +539,7 @@ def report_pendulum(curves: list[Curve], budget: Budget) -> str:
 
 def collection_only(steps: int, num_envs: int, seed: int) -> tuple[float, float]:
     """Env steps/s and per CPU-second of ``VectorRollout.collect`` on Humanoid-v5 (random policy, physics state)."""
-    from envs.control.tasks import VectorRollout, random_policy
+    from envs.control.rollout import VectorRollout, random_policy
     rollout = VectorRollout("humanoid", num_envs, seed, physics_state=True)
     policy = random_policy(rollout.single_action_space, seed)
     rollout.collect(policy, 10)  # warm-up
@@ -688,7 +686,7 @@ def main(argv: list[str] | None = None) -> None:
         (out / f"pendulum-{stamp}.json").write_text(json.dumps([asdict(c) for c in curves], indent=1))
         md = report_pendulum(curves, budget)
         results["pendulum"] = (header(load) + f" Deterministic evaluation, {budget.eval_episodes} episodes every "
-                               f"{budget.eval_every} env steps (`envs.control.tasks.evaluate`, seed {10_000 + budget.seed}) "
+                               f"{budget.eval_every} env steps (`envs.control.rollout.evaluate`, seed {10_000 + budget.seed}) "
                                f"for all three; caps {budget.max_env_steps:,} env steps and {budget.time_cap_s:.0f} s "
                                f"each; seed {budget.seed}, one run each (one seed: a noisy figure). 'wall s' runs "
                                "from the start of learning to the evaluation that reached the threshold and "

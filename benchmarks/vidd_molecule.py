@@ -4,9 +4,9 @@
     python -m benchmarks.vidd_molecule --quick    # 3 seeds, smaller model / budget (a few minutes)
 
 One denoiser is pretrained on MOSES (SELFIES) and shared by every method and seed. Each method then runs the
-single-process reference driver algos.vidd.vidd.finetune (the same algorithm the cluster experiment distributes) with the
-same oracle-query budget, counted exactly by algos.vidd.vidd.RewardCounter. Reported per method (mean ± std over seeds, on
-``eval_samples`` fresh samples of the final model; best-of-N: its selected outputs): median and top-10 % QED, mean
+single-process reference driver algos.vidd.finetune.finetune (the same algorithm the cluster experiment distributes)
+with the same oracle-query budget, counted exactly by algos.vidd.oracle.RewardCounter. Reported per method (mean ± std
+over seeds, on ``eval_samples`` fresh samples of the final model; best-of-N: its selected outputs): median and top-10 % QED, mean
 QED, NELBO under the pretrained model (nats per molecule), diversity, validity, wall time; plus a plot of median
 reward against oracle queries (evaluations during training) in <out>/vidd_reward_vs_queries.png.
 """
@@ -22,10 +22,14 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from algos.vidd.mdlm import nelbo, sample
-from algos.vidd.vidd import METHODS, finetune
+from algos.vidd.config import METHODS
+from algos.vidd.finetune import finetune
+from algos.vidd.mdlm import nelbo
+from algos.vidd.sampling import sample
 from envs.bio.molecules import MoleculeReward, tokens_to_smiles
-from experiments.vidd.driver import Config, build_model, load_task_data, pretrain_model, reward_stats, set_metrics
+from experiments.vidd.config import Config
+from experiments.vidd.data import build_model, load_bundle, load_task_data, pretrain_model
+from experiments.vidd.metrics import reward_stats, set_metrics
 
 log = logging.getLogger("benchmarks.vidd_molecule")
 
@@ -66,7 +70,7 @@ def main() -> None:
     assert set(methods) <= set(METHODS), methods
 
     path = out / "pretrained.pt"
-    bundle = torch.load(path, weights_only=False) if path.is_file() else pretrain_model(
+    bundle = load_bundle(path) if path.is_file() else pretrain_model(
         exp, load_task_data(exp, 0, out), 0, path)
     pre = build_model(bundle)
     from envs.bio.sequences import Vocab
@@ -77,9 +81,8 @@ def main() -> None:
     for method in methods:
         results[method] = []
         for seed in range(args.seeds):
-            cfg = dataclasses.replace(exp.vidd_config(method), seed=seed, eval_every=exp.eval_every)
             start = time.perf_counter()
-            res = finetune(method, pre, reward, cfg,
+            res = finetune(method, pre, reward, exp, seed=seed,  # exp is the experiment's VIDDConfig
                            eval_fn=lambda m: {k: v for k, v in evaluate(m, pre, reward, exp, seed).items()
                                               if k in ("reward_median",)})
             wall = time.perf_counter() - start

@@ -26,8 +26,19 @@ def world_size() -> int:
 
 
 def device():
+    """The device Ray gave this worker: its GPU when one is assigned and CUDA works, else the CPU (logical GPUs of a
+    CPU-only rehearsal cluster included)."""
+    from cluster.devices import pick_device
+    return pick_device(ray.get_gpu_ids(), ray_device=lambda: ray.train.torch.get_device())
+
+
+def collective_device():
+    """Where collectives' tensors must live: the GPU under NCCL (which refuses CPU tensors), else the CPU."""
     import torch
-    return ray.train.torch.get_device() if torch.cuda.is_available() else torch.device("cpu")
+    import torch.distributed as dist
+    if dist.is_initialized() and dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
 
 
 def set_threads(n: int) -> None:
@@ -42,9 +53,9 @@ def wrap_ddp(module):
     import torch
     if world_size() == 1:
         return module
-    dev = device()
-    ids = [dev.index] if dev.type == "cuda" else None
-    return torch.nn.parallel.DistributedDataParallel(module, device_ids=ids)
+    param = next(module.parameters(), None)
+    on_cuda = param is not None and param.device.type == "cuda"
+    return torch.nn.parallel.DistributedDataParallel(module, device_ids=[param.device.index] if on_cuda else None)
 
 
 def quiet_logs() -> None:
@@ -53,13 +64,26 @@ def quiet_logs() -> None:
         logging.getLogger(name).setLevel(logging.WARNING)
 
 
+def _on_collective_device(tensors, op, target=None) -> None:
+    """Run ``op(tensor)`` on a copy on the process group's device (a CPU tensor under NCCL goes to the GPU and back),
+    writing the result back in place, so callers keep their tensors where they are."""
+    target = collective_device() if target is None else target
+    for t in tensors:
+        if t.device == target:
+            op(t)
+        else:
+            moved = t.to(target)
+            op(moved)
+            t.copy_(moved.to(t.device))
+
+
 def all_reduce_mean_(tensors) -> None:
     """Average tensors in place across workers (e.g. normalizer statistics, evaluation metrics)."""
     if world_size() == 1:
         return
     import torch.distributed as dist
+    _on_collective_device(tensors, lambda t: dist.all_reduce(t, op=dist.ReduceOp.SUM))
     for t in tensors:
-        dist.all_reduce(t, op=dist.ReduceOp.SUM)
         t.div_(world_size())
 
 
@@ -73,14 +97,15 @@ def broadcast_(tensors, src: int = 0) -> None:
     if world_size() == 1:
         return
     import torch.distributed as dist
-    for t in tensors:
-        dist.broadcast(t, src=src)
+    _on_collective_device(tensors, lambda t: dist.broadcast(t, src=src))
 
 
 def report(metrics: dict[str, Any], checkpoint_dir: str | Path | None = None) -> None:
-    """Report metrics (every rank must call this equally often); rank 0's ``checkpoint_dir`` becomes a checkpoint."""
+    """Report metrics (every rank must call this equally often) and, with ``checkpoint_dir``, this rank's checkpoint
+    shard: Ray Train merges every rank's directory into one checkpoint, so files must carry the rank in their name
+    (``rank1.pt``) and each rank resumes from its own."""
     checkpoint = None
-    if checkpoint_dir is not None and rank() == 0:
+    if checkpoint_dir is not None:
         checkpoint = ray.train.Checkpoint.from_directory(str(checkpoint_dir))
     ray.train.report({k: float(v) for k, v in metrics.items()}, checkpoint=checkpoint)
 

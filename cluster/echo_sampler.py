@@ -13,7 +13,7 @@ BUILTIN_SAMPLERS = {"echo": "cluster.echo_sampler:EchoSampler"}
 
 class EchoSampler:
     """Returns its request plus who served it; ``sleep_s`` makes a request slow enough to kill a worker mid-way,
-    ``fail`` makes it raise (after the sleep)."""
+    ``fail`` makes it raise (after the sleep), ``exit`` kills the worker process."""
 
     def __init__(self, config: dict) -> None:
         self.config = config
@@ -27,6 +27,8 @@ class EchoSampler:
         time.sleep(float(request.get("sleep_s", 0.0)))
         if request.get("fail"):
             raise RuntimeError(f"echo asked to fail: {request['fail']}")
+        if request.get("exit"):  # a request that kills its worker process (a segfault, the OOM killer)
+            os._exit(1)
         return {"request": request, "pid": os.getpid(), "weights_version": self.version,
                 "weights": self.weights if request.get("echo_weights") else None,
                 "num_samples": int(request.get("num_samples", 1))}

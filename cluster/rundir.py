@@ -1,6 +1,7 @@
 """Run directory layout: ``<output_dir>/<experiment>/<run_name>/``.
 
     config.yaml        the fully resolved config the run used (resumes check they match)
+    run_id             the run's unique id (kept across resumes): the prefix of its pool weight keys and scope
     metrics/           Parquet store of per-iteration metrics (see cluster.metrics)
     tb/                TensorBoard event files
     data/<name>/       Parquet stores of run data (transitions, samples)
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import json
 import time
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -43,6 +45,15 @@ class RunDir:
     @property
     def name(self) -> str:
         return self.path.name
+
+    @property
+    def run_id(self) -> str:
+        """``<experiment>/<run name>/<uid>``: unique on a cluster even when two runs share a name (two tours, two
+        output dirs), and the same when the run is resumed."""
+        path = self.path / "run_id"
+        if not path.exists():
+            path.write_text(f"{self.path.parent.name}/{self.name}/{uuid.uuid4().hex[:8]}\n")
+        return path.read_text().strip()
 
     @property
     def checkpoints(self) -> Path:

@@ -30,7 +30,7 @@ class TrainConfig:
     use_gpu: bool = False
     cpus_per_worker: float = 0.5
     gpus_per_worker: float = 1.0
-    backend: str | None = None  # gloo on CPU, nccl on GPU when None
+    backend: str | None = None  # None: gloo on CPU, cpu:gloo,cuda:nccl on GPUs
 
     def __post_init__(self) -> None:
         if self.num_workers < 1:
@@ -56,7 +56,8 @@ def fit(train_fn: Callable[[dict], None], loop_config: dict[str, Any], *, name: 
     resources = {"CPU": float(train.cpus_per_worker)}
     if train.use_gpu:
         resources["GPU"] = float(train.gpus_per_worker)
-    backend = train.backend or ("nccl" if train.use_gpu else "gloo")
+    # Mixed backend on GPUs: NCCL for CUDA tensors (DDP gradients), gloo for CPU ones (counters, stop flags).
+    backend = train.backend or ("cpu:gloo,cuda:nccl" if train.use_gpu else "gloo")
     callbacks = []
     if _in_tune_trial():
         from ray.tune.integration.ray_train import TuneReportCallback

@@ -1,15 +1,18 @@
-"""Ray Tune plumbing for sweeps: the sweep config, its search space, the scheduler, the results table and plot.
+"""Ray Tune for sweeps: the sweep config and its search space, the scheduler, running (or restoring) the Tuner, a
+trial's reports and checkpoints, the results table and plot.
 
 Experiment-agnostic: ``experiments.sweep`` wires it to ``experiments.run`` (see the format there). Parameters are
 flat dotted config keys (``experiment.envs_per_shard``) so a sampled point is a list of hydra overrides.
 """
 from __future__ import annotations
 
+import json
 import logging
+import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Callable, Literal
 
 log = logging.getLogger(__name__)
 
@@ -224,3 +227,60 @@ def plot_trials(table, metric: str, path: str | Path, params: list[str], title: 
 
 def _short(value: Any) -> str:
     return f"{value:.3g}" if isinstance(value, float) else str(value)
+
+
+# ------------------------------------------------------------------------------------------------ running a sweep
+
+def run_sweep(trainable: Callable[..., None], sweep: SweepConfig, storage: Path, *, resume: bool,
+              **trainable_kwargs: Any):
+    """Run (or, with ``resume``, restore and finish) the sweep: ``trainable(params, **trainable_kwargs)`` per trial,
+    Tune's state under ``storage``. Returns Tune's ``ResultGrid``."""
+    from ray import tune
+    wrapped = tune.with_resources(tune.with_parameters(trainable, **trainable_kwargs), {"cpu": sweep.trial_cpus})
+    # Learners report evaluation metrics only every few iterations; ASHA and PBT skip results without the metric.
+    os.environ.setdefault("TUNE_DISABLE_STRICT_METRIC_CHECKING", "1")
+    if resume and tune.Tuner.can_restore(str(storage)):
+        log.info("restoring sweep %s", storage)
+        tuner = tune.Tuner.restore(str(storage), trainable=wrapped, resume_unfinished=True, resume_errored=True)
+    else:
+        tuner = tune.Tuner(
+            wrapped, param_space=tune_space(sweep.params),
+            tune_config=tune.TuneConfig(metric=sweep.metric, mode=sweep.mode, num_samples=sweep.num_samples,
+                                        scheduler=scheduler(sweep), max_concurrent_trials=sweep.max_concurrent,
+                                        reuse_actors=True),  # a trial process serves the next trial: no re-imports
+            run_config=tune.RunConfig(name=storage.name, storage_path=str(storage.parent), verbose=1,
+                                      failure_config=tune.FailureConfig(max_failures=sweep.max_failures),
+                                      checkpoint_config=tune.CheckpointConfig(num_to_keep=sweep.keep_checkpoints)))
+    return tuner.fit()
+
+
+# ------------------------------------------------------------------------------------------------ inside a trial
+
+COMMIT_FILE = "commit.json"
+
+
+def trial_id() -> str:
+    from ray import tune
+    return tune.get_context().get_trial_id()
+
+
+def trial_checkpoint() -> dict[str, Any] | None:
+    """The commit record this trial restarts from (its own last checkpoint, or a PBT donor's), or None."""
+    from ray import tune
+    checkpoint = tune.get_checkpoint()
+    if checkpoint is None:
+        return None
+    with checkpoint.as_directory() as d:
+        return json.loads((Path(d) / COMMIT_FILE).read_text())
+
+
+def report(metrics: dict[str, Any], checkpoint: dict[str, Any] | None = None, *, staging: Path) -> None:
+    """Report a trial's metrics to Tune; a commit record becomes the trial's checkpoint (staged in ``staging``, which
+    Tune copies into its storage)."""
+    from ray import tune
+    if checkpoint is None:
+        tune.report(metrics)
+        return
+    staging.mkdir(parents=True, exist_ok=True)
+    (staging / COMMIT_FILE).write_text(json.dumps(checkpoint, default=float))
+    tune.report(metrics, checkpoint=tune.Checkpoint.from_directory(str(staging)))

@@ -45,15 +45,25 @@ class RunContext:
         if self.tune_report is not None:
             self.tune_report({k: v for k, v in metrics.items() if isinstance(v, (int, float))})
 
+    @property
+    def run_id(self) -> str:
+        """Unique id of the run on the cluster: prefix of its pool weight keys, scope of its pool entries."""
+        return self.run_dir.run_id
+
     def close(self) -> None:
         if self._metrics is not None:
             self._metrics.close()
+        if self._pool is not None:  # the run is over: its samplers and weights leave the workers
+            try:
+                self._pool.release()
+            except Exception as err:  # noqa: BLE001 - a pool that is gone has nothing to release
+                log.warning("could not release the run's pool entries: %r", err)
 
     @property
     def pool(self):
         if self._pool is None:
             from experiments.registry import attach_pool
-            self._pool = attach_pool(self.typed["pool"])
+            self._pool = attach_pool(self.typed["pool"], scope=self.run_id)
         return self._pool
 
 

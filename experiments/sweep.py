@@ -71,18 +71,14 @@ def _select_sweep(argv: list[str]) -> list[str]:
 
 def run_trial(params: dict[str, Any], base: list[str], sweep_path: str, experiment: str) -> None:
     """Tune function trainable: one run of ``experiment`` with ``params`` as overrides (see the module doc)."""
-    from ray import tune
-
-    from cluster import journal
+    from cluster import journal, tune as sweep_tune
     from experiments.run import prepare
 
-    trial_id = tune.get_context().get_trial_id()
+    trial_id = sweep_tune.trial_id()
     run_path = Path(sweep_path) / "trials" / experiment / trial_id
-    checkpoint = tune.get_checkpoint()
+    record = sweep_tune.trial_checkpoint()
     restored_step = None
-    if checkpoint is not None:
-        with checkpoint.as_directory() as d:
-            record = json.loads((Path(d) / "commit.json").read_text())
+    if record is not None:
         run_path.mkdir(parents=True, exist_ok=True)
         same_run = Path(record["run_path"]).resolve() == run_path.resolve()
         commit = journal.restore(run_path, record) if same_run else journal.clone(record, run_path)
@@ -97,24 +93,12 @@ def run_trial(params: dict[str, Any], base: list[str], sweep_path: str, experime
         override("output_dir", str(Path(sweep_path) / "trials")), override("run_name", trial_id),
         override("resume", resume)]
     cfg, ctx = prepare(overrides)
-    ctx.tune_report = functools.partial(_report, staging=run_path / ".tune-commit")
+    ctx.tune_report = functools.partial(sweep_tune.report, staging=run_path / ".tune-commit")
     try:
         summary = cfg["_module"].run(cfg, ctx)
     finally:
         ctx.close()
     ctx.run_dir.write_json("summary.json", summary)
-
-
-def _report(metrics: dict[str, Any], checkpoint: dict[str, Any] | None = None, *, staging: Path) -> None:
-    """``ctx.tune_report``: report to Tune; a journal commit record becomes the trial's checkpoint (staged in the
-    trial's run directory, which Tune copies into its storage)."""
-    from ray import tune
-    if checkpoint is None:
-        tune.report(metrics)
-        return
-    staging.mkdir(parents=True, exist_ok=True)
-    (staging / "commit.json").write_text(json.dumps(checkpoint, default=float))
-    tune.report(metrics, checkpoint=tune.Checkpoint.from_directory(str(staging)))
 
 
 def sweep_dir(cfg: dict[str, Any]) -> Path:
@@ -162,43 +146,24 @@ def main(argv: list[str] | None = None) -> Any:
     import yaml
     (path / "config.yaml").write_text(yaml.safe_dump(public_config(cfg), sort_keys=False))
 
-    from ray import tune
-
-    from cluster import tune as T
+    from cluster import tune as sweep_tune
     from cluster.connect import connect
     info = connect(cfg["_typed"]["cluster"])
     if info.get("dashboard_url"):
         print(f"Ray dashboard: {info['dashboard_url']}", file=sys.stderr, flush=True)
-    trainable = tune.with_resources(
-        tune.with_parameters(run_trial, base=base, sweep_path=str(path), experiment=cfg["experiment"]["name"]),
-        {"cpu": sweep.trial_cpus})
-    storage = path / TUNE_DIR
-    # Learners report evaluation metrics only every few iterations; ASHA and PBT skip results without the metric.
-    os.environ.setdefault("TUNE_DISABLE_STRICT_METRIC_CHECKING", "1")
-    if cfg["resume"] and tune.Tuner.can_restore(str(storage)):
-        log.info("restoring sweep %s", storage)
-        tuner = tune.Tuner.restore(str(storage), trainable=trainable, resume_unfinished=True, resume_errored=True)
-    else:
-        tuner = tune.Tuner(
-            trainable, param_space=T.tune_space(sweep.params),
-            tune_config=tune.TuneConfig(metric=sweep.metric, mode=sweep.mode, num_samples=sweep.num_samples,
-                                        scheduler=T.scheduler(sweep), max_concurrent_trials=sweep.max_concurrent,
-                                        reuse_actors=True),  # a trial process serves the next trial: no re-imports
-            run_config=tune.RunConfig(name=TUNE_DIR, storage_path=str(path), verbose=1,
-                                      failure_config=tune.FailureConfig(max_failures=sweep.max_failures),
-                                      checkpoint_config=tune.CheckpointConfig(num_to_keep=sweep.keep_checkpoints)))
-    results = tuner.fit()
+    results = sweep_tune.run_sweep(run_trial, sweep, path / TUNE_DIR, resume=cfg["resume"], base=base,
+                                   sweep_path=str(path), experiment=cfg["experiment"]["name"])
     return report(results, sweep, path)
 
 
 def report(results, sweep: SweepConfig, path: Path) -> dict[str, Any]:
     """Best config to stdout; results table (Parquet, CSV), ``best.json`` and the per-trial plot to the sweep dir."""
-    from cluster import tune as T
+    from cluster import tune as sweep_tune
     params = list(sweep.params)
-    table = T.results_table(results, params)
+    table = sweep_tune.results_table(results, params)
     table.to_parquet(path / "results.parquet", index=False)
     table.to_csv(path / "results.csv", index=False)
-    plot = T.plot_trials(table, sweep.metric, path / "plots" / f"{sweep.metric}.png", params,
+    plot = sweep_tune.plot_trials(table, sweep.metric, path / "plots" / f"{sweep.metric}.png", params,
                          f"{sweep.metric} per trial ({sweep.scheduler.name})")
     errors = sum(r.error is not None for r in results)
     try:

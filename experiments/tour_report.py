@@ -172,7 +172,7 @@ def attnrl_section(stages, out: Path) -> tuple[list[str], list[dict], list[str]]
 
 def accuracy_at_tokens(df, method: str, tokens: int) -> float:
     """Eval accuracy of ``method``'s last evaluation made after at most ``tokens`` generated tokens."""
-    from algos.attnrl.attnrl import METHODS
+    from algos.attnrl.config import METHODS
     ev = df[df["method_id"] == METHODS.index(method)].dropna(subset=["eval_accuracy"])
     ev = ev[ev["generated_tokens"] <= tokens]
     return float(ev.sort_values("generated_tokens")["eval_accuracy"].iloc[-1])

@@ -10,17 +10,15 @@ import uuid
 import pytest
 import torch
 
-from algos.attnrl.attnrl import fci_scores
+from algos.attnrl.fci import fci_scores
 from algos.attnrl.gpt import GPT, GPTConfig
 from algos.attnrl.lm import GenerationRequest, Policy, generate
 from cluster.metrics import read_metrics
 from cluster.pool import SharedPool
 from cluster.store import ParquetStore
 from envs.reasoning.task import ReasoningTask
-from experiments.attnrl.driver import gpt_weights
 from experiments.attnrl.sampler import LMSampler
-
-torch.set_num_threads(1)
+from experiments.attnrl.weights import gpt_weights
 
 
 def _shutdown_pool(name: str) -> None:
@@ -146,11 +144,12 @@ class _InProcessPool:
 
 
 def test_pool_generator_keeps_the_off_policy_order_without_ray():
-    """algos.attnrl.attnrl.train through PoolGenerator: call m samples batch m's continuations and batch m+1's originals
+    """algos.attnrl.train.train through PoolGenerator: call m samples batch m's continuations and batch m+1's originals
     with the weights published after m updates; rewards and FCI come back from the sampler."""
-    from algos.attnrl.attnrl import RLConfig, train
+    from algos.attnrl.config import RLConfig
+    from algos.attnrl.train import train
     from envs.reasoning.task import ReasoningTaskConfig
-    from experiments.attnrl.driver import PoolGenerator, RecordingTask
+    from experiments.attnrl.pool_generation import PoolGenerator, RecordingTask
     task = ReasoningTask(ReasoningTaskConfig(max_steps=2))
     torch.manual_seed(0)
     gpt_cfg = GPTConfig(vocab_size=task.tokenizer.vocab_size, n_embd=32)

@@ -1,24 +1,40 @@
-"""Smoke-scale learning: AttnRL on top of the pretrained tiny GPT raises accuracy (fixed seeds, fixed budget).
+"""Smoke-scale learning: AttnRL makes correct solutions more likely, starting from the pretrained tiny GPT, on any CPU.
 
-Measured with the defaults (3 seeds, 30k generated tokens, same 400 problems): avg@4 at temperature 0.6 goes from
-0.466 (SFT) to 0.501 / 0.501 / 0.486; the test runs seed 0 and asks for +2 points.
+Why it is built this way. The SFT model and the RL run are both chaotic in floating-point rounding: on another CPU
+(AVX2-only, AVX512, AMX: other matmul kernels, other summation orders) SFT ends at another model of similar quality
+and RL follows another trajectory, exactly as with other seeds. (The old test asked seed 0 for +0.02 avg@4 at T=0.6
+after 30k tokens on all difficulties: 0.466 -> 0.501 where it was tuned, 0.504 -> 0.502 on an AVX2-only EPYC.) So:
+
+* the margin is calibrated over SFT seeds x RL seeds, standing in for CPUs;
+* RL trains where it has room to learn quickly: the 1-2 step problems, which every SFT draw solves neither always
+  nor never (on the 1-4 step mix, 30k tokens moved greedy accuracy by -0.03..-0.01 in our runs);
+* the measure is exact and has no sampling noise: the mean probability, at the sampling temperature, that the
+  policy writes the reference solution (teacher forcing). It is the bulk of the expected reward RL maximizes (a
+  lower bound: a wrong step can still end in the right answer), and its gain tracked the sampled avg@4 gain closely
+  (30k tokens, 9 runs: +0.034/+0.034, +0.016/+0.026, ..., +0.132/+0.137).
+
+Calibration (AVX2-only EPYC, RLConfig defaults, 60k generated tokens, 200 problems per difficulty): gain per SFT
+model (SFTConfig seed = init seed 0..4) and RL seed: 0: +0.141 +0.121 +0.119; 1: +0.071 +0.055 +0.070; 2: +0.214
++0.209; 3: +0.057 +0.057; 4: +0.104 +0.124. Smallest +0.055, spread within one SFT model <= 0.01, so MIN_GAIN = 0.02
+leaves about four spreads of room. With the update broken (SFT model 1, seed 0) the test fails: zero advantages
+leave the weights unchanged (gain 0.0), lr 1e-9 gives +5e-7, negated advantages -0.33.
 """
 
 import copy
-import random
 
 import pytest
 import torch
 
-from algos.attnrl.attnrl import RLConfig, train
+from algos.attnrl.config import RLConfig
 from algos.attnrl.gpt import GPTConfig
-from algos.attnrl.sft import SFTConfig, default_cache_dir, evaluate_accuracy, pretrained_policy
-from envs.reasoning.task import ReasoningTask
+from algos.attnrl.lm import forward_scores
+from algos.attnrl.sft import SFTConfig, default_cache_dir, pretrained_policy
+from algos.attnrl.train import train
+from envs.reasoning.task import ReasoningTask, ReasoningTaskConfig
 
-torch.set_num_threads(1)
-
-TOKEN_BUDGET = 30_000
-SAMPLES_PER_PROBLEM = 4
+TOKEN_BUDGET = 60_000
+SHORT = ReasoningTaskConfig(max_steps=2)  # RL and evaluation on the 1-2 step problems
+EVAL_PER_DIFFICULTY = 200
 MIN_GAIN = 0.02
 
 
@@ -27,25 +43,32 @@ def sft_policy():
     """The default (laptop-scale) task, model and SFT run; cached on disk (algos.attnrl.sft.default_cache_dir) and
     shared with test_gpt_lm."""
     task = ReasoningTask()
-    policy, info = pretrained_policy(task, GPTConfig(vocab_size=task.tokenizer.vocab_size), SFTConfig(),
-                                     cache_dir=default_cache_dir())
-    return policy, task, info
+    policy, _ = pretrained_policy(task, GPTConfig(vocab_size=task.tokenizer.vocab_size), SFTConfig(),
+                                  cache_dir=default_cache_dir())
+    return policy
 
 
-def _avg_at_k(policy, task, problems) -> float:
-    """avg@k at temperature 0.6 (the paper's evaluation protocol, scaled down), with a fixed sampling seed."""
-    return evaluate_accuracy(policy, task, problems * SAMPLES_PER_PROBLEM, temperature=0.6,
-                             generator=torch.Generator().manual_seed(0)).accuracy
+def reference_probability(policy, problems, temperature: float = 1.0) -> float:
+    """Mean probability that ``policy``, sampling at ``temperature``, writes the reference solution: the bulk of
+    the expected reward (a lower bound on it), computed exactly by teacher forcing."""
+    codec = policy.codec
+    with torch.no_grad():
+        scores = forward_scores(policy, [codec.encode(p.prompt) for p in problems],
+                                [codec.encode(p.solution) + [codec.eos_id] for p in problems], temperature)
+    return float((scores.logprobs * scores.mask).sum(dim=1).exp().mean())
 
 
-def test_attnrl_improves_accuracy_over_sft(sft_policy):
-    sft, task, _ = sft_policy
-    problems = [p for d in range(task.cfg.min_steps, task.cfg.max_steps + 1)
-                for p in task.sample(random.Random(31337), 100, difficulty=d)]
-    before = _avg_at_k(sft, task, problems)
+def rl_gain(sft, seed: int = 0, **rl) -> tuple[float, float, dict]:
+    """(measure before, measure after, train output) of one AttnRL run from ``sft`` on the short problems."""
+    task = ReasoningTask(SHORT)
+    problems = task.evaluation_problems(EVAL_PER_DIFFICULTY, seed=31337)
     policy, ref = copy.deepcopy(sft), copy.deepcopy(sft)
-    out = train("attnrl", policy, ref, task, RLConfig(token_budget=TOKEN_BUDGET, seed=0))
-    after = _avg_at_k(policy, task, problems)
+    out = train("attnrl", policy, ref, task, RLConfig(token_budget=TOKEN_BUDGET, seed=seed, **rl))
+    return reference_probability(sft, problems), reference_probability(policy, problems), out
+
+
+def test_attnrl_raises_the_probability_of_correct_solutions(sft_policy):
+    before, after, out = rl_gain(sft_policy)
     assert abs(out["generated_tokens"] - TOKEN_BUDGET) < 0.25 * TOKEN_BUDGET and out["updates"] >= 3
     assert all(0.0 < h["valid_prompt_ratio"] <= 1.0 for h in out["history"])
     assert after >= before + MIN_GAIN, (before, after, out["history"][-1])

@@ -7,14 +7,18 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from algos.attnrl.attnrl import (OffPolicyScheduler, PromptTree, Branch, RLConfig, RunningMean, adaptive_batch_size,
-                          adaptive_expansion, expansion_count, fci_scores, responses_to_expand,
-                          select_branch_points, train, training_paths, tree_advantages)
+from algos.attnrl.adaptive import (RunningMean, adaptive_batch_size, adaptive_expansion, expansion_count,
+                                   responses_to_expand)
+from algos.attnrl.branching import select_branch_points, select_entropy_branch_points
+from algos.attnrl.config import RLConfig
+from algos.attnrl.fci import fci_scores
 from algos.attnrl.gpt import GPT, GPTConfig
+from algos.attnrl.grpo import grpo_advantages
 from algos.attnrl.lm import Policy, aggregate_step_attention, generate, response_step_ids
-from algos.attnrl.ppo import grpo_advantages, low_var_kl, ppo_clip_loss, select_entropy_branch_points
-
-torch.set_num_threads(1)
+from algos.attnrl.offpolicy import OffPolicyScheduler
+from algos.attnrl.ppo import low_var_kl, ppo_clip_loss
+from algos.attnrl.train import train
+from algos.attnrl.tree import Continuation, PromptTree, training_paths, tree_advantages
 
 # Token attention of one head over 6 tokens; steps: prompt = tokens 0-1, step 1 = token 2, step 2 = tokens 3-4,
 # step 3 = token 5. Rows are causal and sum to 1.
@@ -95,8 +99,8 @@ def _hand_tree() -> PromptTree:
     tree = PromptTree([100, 101])
     original = list(range(10))
     tree.add_response(original, [-0.1 * i for i in range(10)], reward=1.0, continuations={
-        3: [Branch([20, 21], [-1.0, -1.0], 0.0), Branch([22], [-2.0], 1.0)],
-        7: [Branch([30], [-3.0], 0.0), Branch([31, 32], [-4.0, -4.0], 1.0)],
+        3: [Continuation([20, 21], [-1.0, -1.0], 0.0), Continuation([22], [-2.0], 1.0)],
+        7: [Continuation([30], [-3.0], 0.0), Continuation([31, 32], [-4.0, -4.0], 1.0)],
     })
     tree.add_response([40, 41], [-0.5, -0.5], reward=0.0)
     tree.add_response([50], [-0.5], reward=1.0)

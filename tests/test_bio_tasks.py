@@ -226,8 +226,10 @@ def test_beta_sheet_proxy_reward():
 
 @pytest.mark.parametrize("task", ["dna", "protein"])
 def test_vidd_runs_end_to_end(task, tmp_path):
-    from algos.vidd.mdlm import DenoiserConfig, MaskedDenoiser, PretrainConfig, pretrain, sample
-    from algos.vidd.vidd import VIDDConfig, finetune
+    from algos.vidd.config import VIDDConfig
+    from algos.vidd.finetune import finetune
+    from algos.vidd.mdlm import DenoiserConfig, MaskedDenoiser, PretrainConfig, pretrain
+    from algos.vidd.sampling import sample
 
     if task == "dna":
         data, vocab_size, reward = dna_to_tokens(generate_dna_corpus(64, length=60, seed=0)), 4, MotifProxyReward()
@@ -238,8 +240,8 @@ def test_vidd_runs_end_to_end(task, tmp_path):
     model = MaskedDenoiser(DenoiserConfig(vocab_size=vocab_size, seq_len=data.shape[1], d_model=32,
                                           n_layers=1, n_heads=2))
     pretrain(model, data, PretrainConfig(steps=20, batch_size=16), torch.Generator().manual_seed(0))
-    cfg = VIDDConfig(batch_size=8, num_iterations=3, num_sampling_steps=6, timesteps_per_trajectory=2,
-                     refresh_interval=2, max_reward_queries=200, lr=1e-3)
+    cfg = VIDDConfig(batch_size=8, max_iterations=3, num_sampling_steps=6, timesteps_per_trajectory=2,
+                     refresh_interval=2, query_budget=200, lr=1e-3)
     result = finetune("vidd", model, reward, cfg)
     assert 0 < result.reward_queries <= 200 and result.iterations == 3
     assert all(np.isfinite(h["loss"]) for h in result.history)

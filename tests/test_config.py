@@ -15,7 +15,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 @pytest.mark.parametrize("override, expected", [
     ("experiment=nope", "Could not find 'experiment/nope'"),
     ("+experiment.colour=red", "experiment.colour: unknown key"),
-    ("experiment.colour=red", "Could not override 'experiment.colour'"),
+    ("experiment.colour=red", "experiment.colour: unknown key"),
     ("pool.num_workers=0", "pool.num_workers: must be >= 1"),
     ("experiment.num_shards=many", "experiment.num_shards: expected an integer"),
     ("experiment.task=mars_rover", "experiment.task: unknown task 'mars_rover'"),

@@ -5,7 +5,7 @@ from __future__ import annotations
 import gymnasium as gym
 import numpy as np
 
-from envs.control.tasks import VectorRollout, random_policy
+from envs.control.rollout import VectorRollout, random_policy
 
 
 def _fixed_actions(n_envs: int, steps: int, dim: int, seed: int) -> np.ndarray:

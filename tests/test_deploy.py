@@ -57,12 +57,13 @@ def _kuberay() -> dict:
 
 
 def _demand(scale: str) -> list[dict[str, float]]:
-    """One resource bundle per Ray Train worker and per pool worker of ``scale``."""
+    """One resource bundle per Ray Train worker and per pool worker (of every worker group) of ``scale``."""
     typed = load([f"scale={scale}"])["_typed"]
     train, pool = typed["train"], typed["pool"]
     learner = {"CPU": train.cpus_per_worker, "GPU": train.gpus_per_worker if train.use_gpu else 0.0}
-    sampler = {"CPU": pool.num_cpus, "GPU": pool.num_gpus}
-    return [learner] * train.num_workers + [sampler] * pool.num_workers
+    samplers = [{"CPU": g.num_cpus, "GPU": g.num_gpus} for g in pool.worker_groups().values()
+                for _ in range(g.num_workers)]
+    return [learner] * train.num_workers + samplers
 
 
 def _fits(bundles: list[dict[str, float]], nodes: list[dict[str, float]]) -> bool:
@@ -141,7 +142,9 @@ def _kuberay_nodes() -> list[dict[str, float]]:
 def test_paper_scale_fits_the_declared_gpu_nodes(nodes):
     demand = _demand("paper")
     learners = [b for b in demand if b["GPU"] == 1.0]
-    assert len(learners) >= 1 and all(0 < b["GPU"] < 1 for b in demand if b not in learners), demand
+    samplers = [b for b in demand if b not in learners]
+    assert len(learners) >= 1 and all(b["GPU"] == 0 or 0 < b["GPU"] < 1 for b in samplers), demand
+    assert any(0 < b["GPU"] < 1 for b in samplers), "model samplers share GPUs fractionally"
     nodes = nodes()
     assert _fits(demand, nodes)
     assert _fits(demand, [n for n in nodes if n.get("GPU", 0) > 0][:1]), "one GPU node should hold a paper run"

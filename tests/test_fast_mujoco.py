@@ -6,8 +6,9 @@ import gymnasium as gym
 import numpy as np
 import pytest
 
-from envs.control.tasks import VectorRollout, make_env, random_policy
 from envs.control.fast_mujoco import FastHumanoid, lean_version
+from envs.control.rollout import VectorRollout, random_policy
+from envs.control.tasks import make_env
 
 TOL = 1e-10
 STATE_ONLY = {f"include_{part}_in_observation": False for part in ("cinert", "cvel", "qfrc_actuator", "cfrc_ext")}

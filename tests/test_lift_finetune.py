@@ -71,7 +71,8 @@ def test_mixed_batches_hold_the_real_ratio_and_metrics_helpers():
 
 def test_real_env_interface_refuses_stochastic_actions():
     """The real env's sampler (deterministic_only) refuses a stochastic request; deterministic ones are counted."""
-    from algos.lift.sac import SACAgent, SACConfig
+    from algos.lift.agent import SACAgent
+    from algos.lift.sac import SACConfig
     from experiments.lift.sampler import EnvSampler
     sampler = EnvSampler({"task": "inverted_pendulum", "num_envs": 2, "seed": 0, "physics_state": True,
                           "deterministic_only": True, "change": {"name": "gear", "scale": 0.4}})

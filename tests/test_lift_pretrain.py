@@ -65,7 +65,7 @@ def test_pendulum_learns_and_a_killed_run_resumes(tmp_path, ray_cluster):
         _kill_cluster(temp_dir, proc)
     import torch
     ckpt = max(ckpt_root.glob("checkpoint_*/rank0.pt"), key=lambda p: p.stat().st_mtime)
-    saved = torch.load(ckpt, weights_only=False)
+    saved = torch.load(ckpt, weights_only=True)
     steps_at_ckpt, buffer_at_ckpt = saved["counters"]["env_steps"], saved["buffer"]["size"]
 
     pool = f"lift-{uuid.uuid4().hex[:6]}"
@@ -80,6 +80,7 @@ def test_pendulum_learns_and_a_killed_run_resumes(tmp_path, ray_cluster):
     first = resumed.iloc[0]
     assert first["buffer"] == buffer_at_ckpt + 8 * 8, "resume continues with the checkpoint's buffer"
     assert _replay_rows(run) == summary["env_steps"], "Parquet replay holds every transition exactly once"
+    assert not df["step"].duplicated().any(), "metric rows written after the checkpoint were dropped on resume"
     assert summary["best_eval_return"] >= -400 and summary["env_steps"] <= 16_000, summary
     assert (run / "plots" / "learning_curve.png").stat().st_size > 10_000
     assert (run / "policy.pt").exists()

@@ -1,4 +1,4 @@
-"""Masked diffusion (algos/vidd/mdlm.py): schedule, sampler, exact enumeration, NELBO, pretraining."""
+"""Masked diffusion (algos/vidd/mdlm.py, sampling.py): schedule, sampler, exact enumeration, NELBO, pretraining."""
 
 from __future__ import annotations
 
@@ -11,16 +11,18 @@ from torch import nn
 
 from algos.vidd.mdlm import (
     DenoiserConfig,
-    complete,
     LogLinearSchedule,
     MaskedDenoiser,
     PretrainConfig,
-    denoise_greedy,
-    denoise_one_step,
-    exact_sample_distribution,
     forward_mask,
     nelbo,
     pretrain,
+)
+from algos.vidd.sampling import (
+    complete,
+    denoise_greedy,
+    denoise_one_step,
+    exact_sample_distribution,
     reverse_log_prob,
     sample,
     step_times,
@@ -54,7 +56,7 @@ def tiny_denoiser(vocab_size: int = 3, seq_len: int = 4, seed: int = 0, scale: f
 def test_log_linear_schedule_endpoints_and_weights():
     sched = LogLinearSchedule(eps=1e-3)
     t = torch.tensor([0.0, 0.25, 1.0])
-    assert torch.allclose(sched.alpha(t), torch.tensor([1.0, 1 - 0.999 * 0.25, 1e-3]))
+    assert torch.allclose(sched.clean_probability(t), torch.tensor([1.0, 1 - 0.999 * 0.25, 1e-3]))
     assert torch.allclose(sched.loss_weight(torch.tensor([0.5])), torch.tensor([2.0]))
     # from any t down to s = 0 every masked token must be revealed
     assert torch.allclose(sched.unmask_probability(torch.tensor(0.3), torch.tensor(0.0)), torch.tensor(1.0))

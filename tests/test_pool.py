@@ -103,10 +103,18 @@ def test_sampler_errors_surface_and_are_not_retried(pool_factory):
 def _map_within(pool, requests: list[dict], timeout_s: float) -> list:
     """``pool.map`` in a thread: a hung pool fails the test instead of stalling the suite."""
     out: list = []
-    t = threading.Thread(target=lambda: out.append(pool.map("echo", requests)), daemon=True)
+
+    def run():
+        try:
+            out.append(pool.map("echo", requests))
+        except Exception as err:  # noqa: BLE001 - re-raised in the test's thread
+            out.append(err)
+    t = threading.Thread(target=run, daemon=True)
     t.start()
     t.join(timeout_s)
     assert not t.is_alive(), f"the pool did not serve {len(requests)} requests within {timeout_s} s"
+    if isinstance(out[0], Exception):
+        raise out[0]
     return out[0]
 
 
@@ -121,3 +129,104 @@ def test_a_failing_request_gives_back_every_slot(pool_factory):
     assert len({r["pid"] for r in out}) == 2, "both workers must serve again"
     assert time.monotonic() - start < 20
     assert pool.stats()["inflight"] == [0, 0]
+
+
+def test_a_request_that_kills_its_worker_fails_after_the_retry_bound(pool_factory):
+    pool = pool_factory(num_workers=2, max_retries=1)
+    with pytest.raises(SamplerError, match=r"request 0 of sampler 'echo' .*'exit': True.* died 2 times"):
+        _map_within(pool, [{"exit": True}], timeout_s=120)
+    stats = pool.stats()
+    assert stats["retries"] == 2 and stats["failed"] == 1, stats
+    out = _map_within(pool, [{"sleep_s": 0.3}] * 4, timeout_s=60)  # and the pool serves again on both workers
+    assert len({r["pid"] for r in out}) == 2
+
+
+def test_the_manager_dies_mid_run_and_every_result_arrives_once(pool_factory):
+    """The manager is killed while a map with published weights is running: Ray restarts it, the client re-publishes
+    its weights in the new incarnation and re-sends what had not come back; every request arrives exactly once,
+    with the weights that were published."""
+    pool = pool_factory(num_workers=2)
+    assert pool.publish("policy", {"w": 7}) == 1
+    before = pool.stats()["incarnation"]
+    killer = threading.Timer(0.8, lambda: ray.kill(pool.manager, no_restart=False))
+    killer.start()
+    seen = [(i, r["weights"], r["weights_version"]) for i, r in
+            pool.imap("echo", [{"i": i, "sleep_s": 0.3, "echo_weights": True} for i in range(12)], weights="policy")]
+    killer.join()
+    assert sorted(i for i, _, _ in seen) == list(range(12)), "every request exactly once"
+    assert all(w == {"w": 7} and v == 1 for _, w, v in seen), seen
+    stats = pool.stats()
+    assert stats["incarnation"] != before, "the manager must have restarted"
+    assert stats["weights_versions"] == {"policy": 1}
+    assert pool.publish("policy", {"w": 8}) == 2  # versions go on from where the client was
+    assert {r["weights"]["w"] for r in pool.map("echo", [{"echo_weights": True}] * 4, weights="policy")} == {8}
+
+
+def test_caches_stay_bounded_over_many_runs(pool_factory):
+    """50 short runs, each with its own sampler config and weights; half release their scope at the end, half
+    'crash' without releasing: every worker's caches stay within their bounds and released runs leave nothing."""
+    from cluster.pool import SharedPool
+    pool = pool_factory(num_workers=2, max_samplers_per_worker=4, max_weights_per_worker=4, max_published_keys=16)
+    for run in range(50):
+        client = SharedPool(pool.manager, pool.cfg, scope=f"run-{run}")
+        client.publish(f"run-{run}/policy", {"run": run})
+        client.map("echo", [{"sleep_s": 0.0}] * 2, config={"run": run}, weights=f"run-{run}/policy")
+        if run % 2 == 0:
+            dropped = client.release()
+            assert dropped["weights"] == 1 and dropped["samplers"] >= 1, dropped
+    stats = pool.stats()
+    for w in stats["workers"]:
+        assert w["samplers"] <= 4 and len(w["cached_weights"]) <= 4, w
+    assert len(stats["weights_versions"]) <= 16
+    assert not any(k.startswith(f"run-{r}/") for r in range(0, 50, 2) for k in stats["weights_versions"])
+
+
+def test_clients_take_turns_so_a_small_driver_is_not_starved(pool_factory):
+    from cluster.pool import SharedPool
+    pool = pool_factory(num_workers=1)
+    big = pool.submit("echo", [{"sleep_s": 0.05}] * 100)
+    time.sleep(0.5)  # the big driver's queue is long by now
+    small = SharedPool.attach({"name": pool.name})  # another driver: its own client id
+    start = time.monotonic()
+    small.map("echo", [{"sleep_s": 0.05}] * 3)
+    small_s = time.monotonic() - start
+    queued_then = pool.stats()["queued"]
+    assert not big.done() and queued_then >= 40, (queued_then, small_s)
+    assert small_s < 2.5, f"the small driver waited {small_s:.1f} s behind the big one"
+    assert len(big.result(timeout=60)) == 100
+
+
+def test_workers_that_cannot_be_placed_end_in_a_clear_error(ray_cluster):
+    from cluster.pool import SharedPool
+    name = f"test-pool-gpu-{os.getpid()}"
+    try:
+        with pytest.raises(SamplerError, match=r"could not all be placed within 3 s.*'GPU': 1"):
+            SharedPool.attach({"name": name, "num_workers": 2, "num_cpus": 0.1, "num_gpus": 1, "ready_timeout_s": 3})
+    finally:
+        SharedPool(ray.get_actor(name, namespace="orrery"), _pool_config(name)).shutdown()
+
+
+def _pool_config(name):
+    from cluster.pool_config import PoolConfig
+    return PoolConfig(name=name)
+
+
+def test_samplers_run_in_their_worker_group(pool_factory):
+    pool = pool_factory(num_workers=1, num_cpus=0.25, groups={"gpu": {"num_workers": 1, "num_cpus": 0.1,
+                                                                      "num_gpus": 0.5}})
+    pool.register("echo_gpu", "cluster.echo_sampler:EchoSampler", group="gpu")
+    gpu_pids = {r["pid"] for r in pool.map("echo_gpu", [{}] * 3)}
+    cpu_pids = {r["pid"] for r in pool.map("echo", [{}] * 3)}
+    assert len(gpu_pids) == 1 and not gpu_pids & cpu_pids
+    gpu_worker = next(w for w in pool.stats()["workers"] if w["group"] == "gpu")
+    assert gpu_worker["resources"].get("GPU") == 0.5 and gpu_worker["pid"] in gpu_pids
+
+
+def test_slots_per_worker_run_requests_concurrently(pool_factory):
+    pool = pool_factory(num_workers=1, slots_per_worker=2)
+    pool.map("echo", [{}], config={"a": 1})  # build both samplers first
+    pool.map("echo", [{}], config={"a": 2})
+    both = [pool.submit("echo", [{"sleep_s": 1.0}], config={"a": a}) for a in (1, 2)]
+    start = time.monotonic()
+    [p.result(timeout=30) for p in both]
+    assert time.monotonic() - start < 1.8, "two 1 s requests on one worker with 2 slots must overlap"

@@ -1,5 +1,6 @@
 """SAC (LIFT stage i): loss masks, policy squashing, temperature, resume, DDP compatibility, Pendulum learning."""
 
+import io
 import math
 import pickle
 import time
@@ -11,18 +12,10 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-from algos.lift.replay import ReplayBuffer
-from algos.lift.sac import (
-    Actor,
-    SACAgent,
-    SACConfig,
-    TwinCritic,
-    build_policy,
-    critic_loss,
-    soft_q_target,
-    squash_log_std,
-    update,
-)
+from algos.lift.agent import Actor, SACAgent, TwinCritic, squash_log_std
+from algos.lift.policy import build_policy
+from algos.lift.replay import ReplayBuffer, transition_fields
+from algos.lift.sac import SACConfig, critic_loss, soft_q_target, update
 
 torch.set_num_threads(1)
 
@@ -43,6 +36,14 @@ def random_batch(n: int, obs_dim: int = OBS, act_dim: int = ACT, seed: int = 0, 
         batch["critic_obs"] = torch.randn(n, critic_obs_dim, generator=g)
         batch["next_critic_obs"] = torch.randn(n, critic_obs_dim, generator=g)
     return batch
+
+
+def weights_only_round_trip(obj):
+    """``obj`` saved with torch.save and read back by the restricted (weights-only) unpickler."""
+    buffer = io.BytesIO()
+    torch.save(obj, buffer)
+    buffer.seek(0)
+    return torch.load(buffer, weights_only=True)
 
 
 def constant_q(critic: torch.nn.Module, values: tuple[float, float]) -> None:
@@ -181,7 +182,7 @@ def test_state_dict_resume_continues_identically():
     n = cfg.utd * cfg.batch_size
     agent.update_normalizers(random_batch(100)["obs"])
     update(agent, random_batch(n, seed=1))
-    state = pickle.loads(pickle.dumps(agent.state_dict()))
+    state = weights_only_round_trip(agent.state_dict())
 
     torch.manual_seed(123)
     resumed = SACAgent(OBS, ACT, cfg)
@@ -207,6 +208,7 @@ def test_policy_state_is_small_and_rebuilds_the_policy():
     assert len(blob) < 50_000 and all(t.device.type == "cpu" for t in state["actor"].values())
 
     policy = build_policy(pickle.loads(blob), seed=0)
+    assert weights_only_round_trip(state)["obs_std"].equal(state["obs_std"])  # policy.pt files load with weights_only
     obs = np.random.default_rng(1).normal(3.0, 2.0, size=(6, OBS)).astype(np.float32)
     expected = agent.act(torch.as_tensor(obs), deterministic=True).numpy()
     np.testing.assert_allclose(policy(obs, deterministic=True), expected, atol=1e-6)
@@ -284,11 +286,7 @@ def train_pendulum(cfg: SACConfig, seed: int, max_env_steps: int, threshold: flo
     envs = make_pendulum_envs(cfg.num_envs)
     obs_dim, act_dim = envs.single_observation_space.shape[0], envs.single_action_space.shape[0]
     agent = SACAgent(obs_dim, act_dim, cfg)
-    buffer = ReplayBuffer(cfg.replay_capacity, {
-        "obs": ((obs_dim,), torch.float32), "next_obs": ((obs_dim,), torch.float32),
-        "action": ((act_dim,), torch.float32), "reward": ((), torch.float32),
-        "terminated": ((), torch.float32), "truncated": ((), torch.float32),
-    })
+    buffer = ReplayBuffer(cfg.replay_capacity, transition_fields(obs_dim, act_dim))
     sample_rng = torch.Generator().manual_seed(seed)
     obs, _ = envs.reset(seed=seed)
     returns, env_steps, next_eval = [], 0, eval_from

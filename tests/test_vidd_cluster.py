@@ -56,7 +56,7 @@ def _sampler_config(vocab, reward: dict) -> dict:
 def _weights(cfg: dict) -> dict:
     torch.manual_seed(0)
     state = MaskedDenoiser(DenoiserConfig(**cfg["denoiser"])).state_dict()
-    return {"pretrained": state, "rollout": state}
+    return {"pretrained": state, "teacher": state}
 
 
 def test_sampler_counts_oracle_errors_and_empty_molecules_without_crashing():

@@ -4,7 +4,7 @@ One pretrained model is shared by the module (pretraining is the expensive part)
 thresholds leave room for the noise of the evaluation sample (256 molecules; the standard error of a
 median QED is about 0.012).
 
-VIDD runs with ``next_value="rollout"``: the numerator of the soft-optimal weight comes from one
+VIDD runs with ``next_value="completion"``: the numerator of the soft-optimal weight comes from one
 completion of xbar under p_out (the released protein code's estimator). With Alg. 1's one-step values
 r(x0hat) this tiny denoiser's early-step completions are runs of [C], the value differences are mostly
 artefacts, and 40 iterations raise the median QED by only 0.02-0.05 while the NLL under p_pre grows.
@@ -16,8 +16,10 @@ import numpy as np
 import pytest
 import torch
 
-from algos.vidd.mdlm import DenoiserConfig, MaskedDenoiser, PretrainConfig, nelbo, pretrain, sample
-from algos.vidd.vidd import VIDDConfig, finetune
+from algos.vidd.config import VIDDConfig
+from algos.vidd.finetune import finetune
+from algos.vidd.mdlm import DenoiserConfig, MaskedDenoiser, PretrainConfig, nelbo, pretrain
+from algos.vidd.sampling import sample
 from envs.bio.molecules import MoleculeReward, make_molecule_dataset, molecule_metrics, tokens_to_smiles
 
 torch.set_num_threads(1)
@@ -59,11 +61,11 @@ def test_vidd_raises_median_qed_over_pretrained(pretrained):
     data, model, _, _ = pretrained
     cfg = VIDDConfig(
         alpha=0.1, beta=1.0, refresh_interval=5, timesteps_per_trajectory=4, batch_size=32,
-        num_iterations=30, num_sampling_steps=T, lr=1e-3, next_value="rollout", seed=0,
+        max_iterations=30, num_sampling_steps=T, lr=1e-3, next_value="completion",
     )
-    result = finetune("vidd", model, MoleculeReward(data.vocab, "qed"), cfg)
+    result = finetune("vidd", model, MoleculeReward(data.vocab, "qed"), cfg, seed=0)
     before, after = evaluate(model, data, model), evaluate(result.model, data, model)
-    assert result.reward_queries > 0 and result.iterations == cfg.num_iterations
+    assert result.reward_queries > 0 and result.iterations == cfg.max_iterations
     assert after["qed_median"] > before["qed_median"] + QED_MARGIN, (before, after)
     assert after["validity"] > 0.95 and after["uniqueness"] > 0.8  # no collapse onto a few molecules
     assert np.isfinite(after["nll_pretrained"])

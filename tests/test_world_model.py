@@ -9,9 +9,11 @@ import numpy as np
 import pytest
 import torch
 
-from algos.lift.world_model import (TRANSITION_COLUMNS, BlackBoxEnsemble, EarlyStopping, PhysicsWorldModel,
-                               WorldModelConfig, as_tensors, episode_ids, gather_windows, integrate_positions,
-                               multistep_errors, quaternion_integrate, successor_index, train_world_model, windows)
+from algos.lift.world_model import (BlackBoxEnsemble, PhysicsWorldModel, WorldModelConfig, integrate_positions,
+                                    quaternion_integrate)
+from algos.lift.world_model_training import (TRANSITION_COLUMNS, EarlyStopping, as_tensors, episode_ids,
+                                             gather_windows, multistep_errors, successor_index, train_world_model,
+                                             windows)
 from envs.control.mujoco_prior import MujocoPrior, prior_terms, set_euler
 from envs.control.task_rewards import make_task_reward
 

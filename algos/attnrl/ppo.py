@@ -1,18 +1,31 @@
-"""Policy-gradient pieces shared by AttnRL and its baselines.
+"""The policy update shared by AttnRL and its baselines: PPO-clip on sequences with per-token advantages.
 
+* :class:`TrainSequence`: one sampled response to train on (a GRPO sample or a root-to-leaf tree path).
 * :func:`ppo_clip_loss`: PPO-clip with Clip-Higher (eps_low 0.2, eps_high 0.28, as in DAPO and the AttnRL recipe),
   token-mean aggregation over every response token of the mini-batch, plus a k3 ("low_var_kl") penalty to the
   frozen reference policy.
-* :func:`grpo_advantages`: GRPO's group-normalized outcome advantage.
-* :func:`select_entropy_branch_points`: TreeRL-style branching at the highest-entropy response tokens (the
-  baseline that AttnRL's attention-based branching replaces).
+* :func:`ppo_update`: PPO-clip epochs over mini-batches of training sequences.
 """
 
 from __future__ import annotations
 
+import random
+from dataclasses import dataclass
 from typing import Sequence
 
 import torch
+
+from algos.attnrl.config import RLConfig
+from algos.attnrl.lm import Policy, forward_scores
+
+
+@dataclass
+class TrainSequence:
+    prompt_ids: list[int]
+    response_ids: list[int]
+    old_logprobs: list[float]
+    advantages: list[float]  # per response token
+    reward: float
 
 
 def low_var_kl(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
@@ -53,28 +66,43 @@ def ppo_clip_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages
     return loss, metrics
 
 
-def grpo_advantages(rewards: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
-    """(r - mean_group) / (std_group + eps) for rewards (num_prompts, n); std is the unbiased one (as verl)."""
-    if rewards.dim() != 2 or rewards.shape[1] < 2:
-        raise ValueError(f"rewards must be (num_prompts, n >= 2), got shape {tuple(rewards.shape)}")
-    mean = rewards.mean(dim=1, keepdim=True)
-    std = rewards.std(dim=1, keepdim=True)
-    return (rewards - mean) / (std + eps)
+def ppo_update(policy: Policy, ref: Policy, optimizer: torch.optim.Optimizer, sequences: Sequence[TrainSequence],
+               cfg: RLConfig, rng: random.Random) -> dict[str, float]:
+    """PPO-clip epochs over mini-batches of training sequences (token-mean per mini-batch, KL to ``ref``)."""
+    if not sequences:
+        return {}
+    prompts = [s.prompt_ids for s in sequences]
+    responses = [s.response_ids for s in sequences]
+    with torch.no_grad():
+        ref_lp = forward_scores(ref, prompts, responses, cfg.temperature).logprobs
+    width = ref_lp.shape[1]
 
+    def padded(rows: Sequence[Sequence[float]]) -> torch.Tensor:
+        out = torch.zeros(len(rows), width)
+        for i, r in enumerate(rows):
+            out[i, :len(r)] = torch.tensor(r, dtype=torch.float32)
+        return out
 
-def select_entropy_branch_points(entropies: Sequence[float], num_points: int, min_token_distance: int = 1,
-                                 forbid_last: bool = True) -> list[int]:
-    """Response offsets of the ``num_points`` highest-entropy tokens, at least ``min_token_distance`` from the
-    response start and from each other; the continuation resamples from that token on. Offset 0 (a fresh sample)
-    and, with ``forbid_last``, the final (end) token are never chosen. Returned sorted."""
-    if num_points < 0 or min_token_distance < 1:
-        raise ValueError("num_points must be >= 0 and min_token_distance >= 1")
-    last = len(entropies) - 1 if forbid_last else len(entropies)
-    order = sorted(range(1, last), key=lambda i: (-entropies[i], i))
-    chosen: list[int] = []
-    for i in order:
-        if len(chosen) == num_points:
-            break
-        if i >= min_token_distance and all(abs(i - c) >= min_token_distance for c in chosen):
-            chosen.append(i)
-    return sorted(chosen)
+    old_lp = padded([s.old_logprobs for s in sequences]).to(ref_lp.device)
+    adv = padded([s.advantages for s in sequences]).to(ref_lp.device)
+    policy.model.train()
+    sums: dict[str, float] = {}
+    n_steps = 0
+    for _ in range(cfg.ppo_epochs):
+        order = list(range(len(sequences)))
+        rng.shuffle(order)
+        for i in range(0, len(order), cfg.ppo_minibatch):
+            idx = order[i:i + cfg.ppo_minibatch]
+            scores = forward_scores(policy, [prompts[j] for j in idx], [responses[j] for j in idx], cfg.temperature)
+            w = scores.logprobs.shape[1]
+            loss, m = ppo_clip_loss(scores.logprobs, old_lp[idx, :w], adv[idx, :w], scores.mask, ref_lp[idx, :w],
+                                    cfg.clip_low, cfg.clip_high, cfg.kl_coef)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            m["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(policy.model.parameters(), cfg.grad_clip))
+            optimizer.step()
+            for k, v in m.items():
+                sums[k] = sums.get(k, 0.0) + v
+            n_steps += 1
+    policy.model.eval()
+    return {k: v / n_steps for k, v in sums.items()} | {"optimizer_steps": n_steps}

@@ -69,6 +69,15 @@ class EvalResult:
     generated_tokens: int = 0
 
 
+def accuracy_by_difficulty(problems: Sequence, rewards: Sequence[float]) -> tuple[float, dict[int, float]]:
+    """Mean reward overall and per difficulty (sorted by difficulty)."""
+    per: dict[int, list[float]] = {}
+    for p, r in zip(problems, rewards):
+        per.setdefault(p.difficulty, []).append(float(r))
+    acc = sum(map(float, rewards)) / max(len(rewards), 1)
+    return acc, {d: sum(v) / len(v) for d, v in sorted(per.items())}
+
+
 def evaluate_accuracy(policy: Policy, task, problems: Sequence, max_new_tokens: int | None = None,
                       temperature: float = 0.0, generator: torch.Generator | None = None,
                       max_batch_size: int = 256) -> EvalResult:
@@ -76,13 +85,9 @@ def evaluate_accuracy(policy: Policy, task, problems: Sequence, max_new_tokens: 
     requests = [GenerationRequest(tuple(policy.codec.encode(p.prompt))) for p in problems]
     rollouts = generate(policy, requests, max_new_tokens or task.max_response_chars(), temperature, generator,
                         max_batch_size=max_batch_size)
-    per_difficulty = defaultdict(list)
-    for p, r in zip(problems, rollouts):
-        per_difficulty[p.difficulty].append(task.reward(p, policy.codec.decode(r.response_ids), r.finished))
-    scores = [s for v in per_difficulty.values() for s in v]
-    return EvalResult(accuracy=sum(scores) / max(len(scores), 1),
-                      by_difficulty={d: sum(v) / len(v) for d, v in sorted(per_difficulty.items())},
-                      generated_tokens=sum(r.num_generated for r in rollouts))
+    rewards = [task.reward(p, policy.codec.decode(r.response_ids), r.finished) for p, r in zip(problems, rollouts)]
+    accuracy, by_difficulty = accuracy_by_difficulty(problems, rewards)
+    return EvalResult(accuracy, by_difficulty, generated_tokens=sum(r.num_generated for r in rollouts))
 
 
 def sft_loss(policy: Policy, prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]]) -> torch.Tensor:
@@ -97,9 +102,10 @@ def pretrain(policy: Policy, task, cfg: SFTConfig | None = None,
     cfg = cfg or SFTConfig()
     torch.manual_seed(cfg.seed)
     rng = random.Random(cfg.seed)
-    eval_rng = random.Random(cfg.seed + 1)
     lo, hi = task.cfg.min_steps, task.cfg.max_steps
-    eval_sets = {d: task.sample(eval_rng, cfg.eval_problems_per_difficulty, difficulty=d) for d in range(lo, hi + 1)}
+    eval_sets = defaultdict(list)
+    for p in task.evaluation_problems(cfg.eval_problems_per_difficulty, seed=cfg.seed + 1):
+        eval_sets[p.difficulty].append(p)
     short = [p for d, ps in eval_sets.items() if d <= cfg.short_difficulty for p in ps]
     cap = lo if cfg.curriculum else hi
     model, codec = policy.model, policy.codec
@@ -162,7 +168,7 @@ def pretrained_policy(task, model_cfg: GPTConfig, sft_cfg: SFTConfig | None = No
     model = GPT(model_cfg)
     policy = Policy(model, task.tokenizer)
     if path is not None and path.exists():
-        saved = torch.load(path, weights_only=False)
+        saved = torch.load(path, weights_only=True)
         model.load_state_dict(saved["state_dict"])
         model.eval()
         return policy, saved["info"]

@@ -1,7 +1,7 @@
 """FIFO replay buffer: a preallocated ring of torch tensors with uniform sampling (with replacement).
 
 This is LIFT's ``UniformSamplingQueue``: inserts overwrite the oldest transitions once full, and a high-UTD
-update draws all ``G * B`` indices in one call.
+update draws all ``G * B`` indices in one call. ``transition_fields`` is the layout of a SAC transition.
 """
 
 from __future__ import annotations
@@ -13,6 +13,13 @@ import numpy as np
 import torch
 
 Spec = tuple[Sequence[int], torch.dtype | str]
+
+
+def transition_fields(obs_dim: int, act_dim: int) -> dict[str, Spec]:
+    """The fields of a SAC transition (what ``algos.lift.sac.update`` reads and env rollouts return), float32."""
+    return {"obs": ((obs_dim,), torch.float32), "action": ((act_dim,), torch.float32), "reward": ((), torch.float32),
+            "next_obs": ((obs_dim,), torch.float32), "terminated": ((), torch.float32),
+            "truncated": ((), torch.float32)}
 
 
 def _as_dtype(dtype: torch.dtype | str) -> torch.dtype:

@@ -14,15 +14,12 @@ Theorem 1 of the VIDD paper: this optimises the reverse KL to the soft-optimal t
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable
-
 import torch
 from torch import Tensor, nn
 
-from algos.vidd.mdlm import SampleResult, newly_unmasked_log_prob, x0_log_probs
-
-if TYPE_CHECKING:  # algos.vidd.vidd imports this module
-    from algos.vidd.vidd import RewardCounter, VIDDConfig
+from algos.vidd.config import VIDDConfig
+from algos.vidd.mdlm import x0_log_probs
+from algos.vidd.sampling import newly_unmasked_log_prob
 
 
 def normalized_advantages(rewards: Tensor, eps: float = 1e-8) -> Tensor:
@@ -55,32 +52,28 @@ def ppo_clip_loss(log_p: Tensor, old_log_p: Tensor, advantages: Tensor, clip: fl
     return loss, {"loss": loss.item(), "clip_fraction": clipped.item(), "ratio_mean": ratio.mean().item()}
 
 
-def ddpo_iteration(
+def ddpo_update(
     policy: nn.Module,
     optimizer: torch.optim.Optimizer,
-    reward_fn: "RewardCounter",
-    cfg: "VIDDConfig",
+    states: Tensor,
+    advantages: Tensor,
+    cfg: VIDDConfig,
     generator: torch.Generator,
-    sample_fn: Callable[..., SampleResult],
 ) -> dict:
-    """Sample from the current policy, score ``x_0`` (one query per distinct sample), PPO-clip updates."""
-    n = int(min(cfg.batch_size, reward_fn.remaining))
-    T = cfg.num_sampling_steps
-    states = sample_fn(policy, n, policy.seq_len, T, generator, record_trajectory=True).states
-    rewards, _ = reward_fn(states[-1])
-    advantages = normalized_advantages(rewards)
-    k = cfg.steps_per_trajectory
-    metrics: dict = {"reward_mean": rewards.mean().item(), "reward_max": rewards.max().item()}
+    """``ddpo_inner_steps`` clipped gradient steps on the PPO-clip surrogate of trajectories ``states`` ``[T+1, B, L]``
+    sampled from ``policy`` itself (theta_old = the policy before this update); each step draws
+    ``steps_per_trajectory`` random reverse steps per trajectory. Returns the metrics of the last step."""
+    n, T, k = states.shape[1], cfg.num_sampling_steps, cfg.steps_per_trajectory
     policy.train()
     with torch.no_grad():
-        old_log_p_all = transition_log_probs(policy, states, torch.arange(T).expand(n, T))
+        old_log_p = transition_log_probs(policy, states, torch.arange(T).expand(n, T))
+    metrics: dict = {}
     for _ in range(cfg.ddpo_inner_steps):
         steps = torch.rand(n, T, generator=generator).argsort(dim=1)[:, :k]
-        log_p = transition_log_probs(policy, states, steps)
-        loss, step_metrics = ppo_clip_loss(log_p, old_log_p_all.gather(1, steps), advantages, cfg.ddpo_clip)
+        loss, metrics = ppo_clip_loss(transition_log_probs(policy, states, steps), old_log_p.gather(1, steps),
+                                      advantages, cfg.ddpo_clip)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
-        step_metrics["grad_norm"] = float(nn.utils.clip_grad_norm_(policy.parameters(), cfg.grad_clip))
+        metrics["grad_norm"] = float(nn.utils.clip_grad_norm_(policy.parameters(), cfg.grad_clip))
         optimizer.step()
-    metrics.update(step_metrics)
     return metrics

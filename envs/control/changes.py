@@ -1,6 +1,6 @@
 """Stage-3 "new environments": named edits of a gymnasium task's physics or objective (LIFT §3.3, card §5.3).
 
-Changes (``CHANGES``), each ``change(env, **params) -> env``:
+Changes (``CHANGES``), each a gymnasium wrapper, ``CHANGES[name](env, **params)``, that makes its edit when built:
 
   target_velocity  the observation gets a forward-velocity command v* (last entry) and the reward tracks it;
                    pretrain with ``command_range`` inside [0, v_max], finetune with an out-of-range one (the
@@ -11,25 +11,27 @@ Changes (``CHANGES``), each ``change(env, **params) -> env``:
   gravity          gravity magnitude set to ``g`` or × ``scale``
 
 MuJoCo edits act in place on ``env.unwrapped.model`` (each gymnasium env owns its model, so other envs are
-unaffected) and persist over resets. Pendulum-v1 is edited through its ``g``/``m`` attributes and an action-scaling
-wrapper for the gear. Combinations that would not change anything (friction on the contact-free pendulums, a
-velocity command for the pendulums) raise ``ValueError``.
+unaffected) and persist over resets. Pendulum-v1 is edited through its ``g``/``m`` attributes and, for the gear, by
+scaling the torque it is sent. Combinations that would not change anything (friction on the contact-free pendulums, a
+velocity command for the pendulums) raise ``ValueError``. Every wrapper records its arguments
+(``gymnasium.utils.RecordConstructorArgs``), so ``env.spec.make()`` rebuilds a changed env, edits included.
 """
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import gymnasium as gym
 import mujoco
 import numpy as np
 import torch
+from gymnasium.utils import RecordConstructorArgs
 
-from envs.control.task_rewards import LocomotionReward, make_task_reward, task_family
+from envs.control.task_rewards import FAMILIES, LocomotionReward, make_task_reward, task_family
 
-LOCOMOTION = ("walker2d", "half_cheetah", "humanoid")
-MUJOCO_TASKS = LOCOMOTION + ("inverted_pendulum",)
+LOCOMOTION = ("walker2d", "half_cheetah", "humanoid")  # families with a forward-velocity reward
+EVERY_FAMILY = tuple(FAMILIES.values())  # mass, gear and gravity: a MuJoCo model, or Pendulum-v1's attributes
 DEFAULT_MASS_BODY = {"walker2d": "torso", "half_cheetah": "torso", "humanoid": "torso", "inverted_pendulum": "pole"}
 
 
@@ -39,11 +41,13 @@ class Change:
     params: dict[str, Any] = field(default_factory=dict)
 
 
-class ChangedEnv(gym.Wrapper):
-    """Marks an env as changed and records which changes were applied (for logs and configs)."""
+class ChangedEnv(gym.Wrapper, RecordConstructorArgs):
+    """Marks an env as changed and records which changes were applied (for logs and configs); the edits themselves
+    are the wrappers below it."""
 
     def __init__(self, env: gym.Env, changes: tuple[Change, ...]) -> None:
-        super().__init__(env)
+        RecordConstructorArgs.__init__(self, changes=changes)
+        gym.Wrapper.__init__(self, env)
         self.changes = changes
 
     def describe(self) -> str:
@@ -53,7 +57,8 @@ class ChangedEnv(gym.Wrapper):
 def _require(env: gym.Env, change: str, families: tuple[str, ...]) -> str:
     family = task_family(env)
     if family not in families:
-        raise ValueError(f"change {change!r} is not meaningful for {env.unwrapped.spec.id}; it applies to {families}")
+        raise ValueError(f"change {change!r} is not meaningful for {env.unwrapped.spec.id}; it applies to "
+                         f"{', '.join(families)}")
     return family
 
 
@@ -63,69 +68,76 @@ def _positive(name: str, value: float) -> float:
     return float(value)
 
 
-def friction(env: gym.Env, scale: float = 0.4) -> gym.Env:
+class Friction(gym.Wrapper, RecordConstructorArgs):
     """Sliding friction × ``scale`` on every geom (MuJoCo takes the max over a contact pair, so scale all)."""
-    _require(env, "friction", LOCOMOTION)
-    env.unwrapped.model.geom_friction[:, 0] *= _positive("scale", scale)
-    return env
+
+    def __init__(self, env: gym.Env, scale: float = 0.4) -> None:
+        _require(env, "friction", LOCOMOTION)
+        RecordConstructorArgs.__init__(self, scale=scale)
+        gym.Wrapper.__init__(self, env)
+        env.unwrapped.model.geom_friction[:, 0] *= _positive("scale", scale)
 
 
-def mass(env: gym.Env, scale: float = 1.3, body: str | None = None) -> gym.Env:
+class Mass(gym.Wrapper, RecordConstructorArgs):
     """Mass and rotational inertia of ``body`` × ``scale`` (a payload on the torso; a heavier pole)."""
-    family = _require(env, "mass", MUJOCO_TASKS + ("pendulum",))
-    scale = _positive("scale", scale)
-    if family == "pendulum":
-        env.unwrapped.m *= scale
-        return env
-    model = env.unwrapped.model
-    body_id = mujoco.mj_name2id(model, mujoco.mjtObj.mjOBJ_BODY, body or DEFAULT_MASS_BODY[family])
-    if body_id < 0:
-        raise ValueError(f"body {body!r} not found in {env.unwrapped.spec.id}")
-    model.body_mass[body_id] *= scale
-    model.body_inertia[body_id] *= scale
-    mujoco.mj_setConst(model, mujoco.MjData(model))  # derived constants (subtree masses, invweight0) follow
-    return env
+
+    def __init__(self, env: gym.Env, scale: float = 1.3, body: str | None = None) -> None:
+        family = _require(env, "mass", EVERY_FAMILY)
+        RecordConstructorArgs.__init__(self, scale=scale, body=body)
+        gym.Wrapper.__init__(self, env)
+        scale = _positive("scale", scale)
+        if family == "pendulum":
+            env.unwrapped.m *= scale
+            return
+        model = env.unwrapped.model
+        body_id = mujoco.mj_name2id(model, mujoco.mjtObj.mjOBJ_BODY, body or DEFAULT_MASS_BODY[family])
+        if body_id < 0:
+            raise ValueError(f"body {body!r} not found in {env.unwrapped.spec.id}")
+        model.body_mass[body_id] *= scale
+        model.body_inertia[body_id] *= scale
+        mujoco.mj_setConst(model, mujoco.MjData(model))  # derived constants (subtree masses, invweight0) follow
 
 
-class ActionGear(gym.ActionWrapper):
-    """Pendulum-v1's motor: torque = gear · clip(u) (a weaker motor for gear < 1)."""
+class Gear(gym.Wrapper, RecordConstructorArgs):
+    """Actuator gear × ``scale``: the same action produces ``scale`` times the torque. MuJoCo: the model's gear;
+    Pendulum-v1 (no actuator model): its motor is sent torque = gear · clip(u)."""
 
-    def __init__(self, env: gym.Env, scale: float) -> None:
-        super().__init__(env)
-        self.scale = scale
+    def __init__(self, env: gym.Env, scale: float = 0.75) -> None:
+        family = _require(env, "gear", EVERY_FAMILY)
+        RecordConstructorArgs.__init__(self, scale=scale)
+        gym.Wrapper.__init__(self, env)
+        self.scale = _positive("scale", scale)
+        self.scales_torque = family == "pendulum"
+        if not self.scales_torque:
+            env.unwrapped.model.actuator_gear[:, 0] *= self.scale
 
-    def action(self, action: np.ndarray) -> np.ndarray:
-        return self.scale * np.clip(action, self.action_space.low, self.action_space.high)
-
-
-def gear(env: gym.Env, scale: float = 0.75) -> gym.Env:
-    """Actuator gear × ``scale``: the same action produces ``scale`` times the torque."""
-    family = _require(env, "gear", MUJOCO_TASKS + ("pendulum",))
-    scale = _positive("scale", scale)
-    if family == "pendulum":
-        return ActionGear(env, scale)
-    env.unwrapped.model.actuator_gear[:, 0] *= scale
-    return env
+    def step(self, action):
+        if self.scales_torque:
+            action = self.scale * np.clip(action, self.action_space.low, self.action_space.high)
+        return self.env.step(action)
 
 
-def gravity(env: gym.Env, g: float | None = None, scale: float | None = None) -> gym.Env:
+class Gravity(gym.Wrapper, RecordConstructorArgs):
     """Gravity magnitude := ``g`` (m/s²) or × ``scale``; exactly one of them."""
-    family = _require(env, "gravity", MUJOCO_TASKS + ("pendulum",))
-    if (g is None) == (scale is None):
-        raise ValueError("gravity needs exactly one of g or scale")
-    if family == "pendulum":
-        base = env.unwrapped
-        base.g = _positive("g", g) if g is not None else base.g * _positive("scale", scale)
-        return env
-    vector = env.unwrapped.model.opt.gravity
-    if g is not None:
-        vector[:] = vector / np.linalg.norm(vector) * _positive("g", g)
-    else:
-        vector *= _positive("scale", scale)
-    return env
+
+    def __init__(self, env: gym.Env, g: float | None = None, scale: float | None = None) -> None:
+        family = _require(env, "gravity", EVERY_FAMILY)
+        if (g is None) == (scale is None):
+            raise ValueError("gravity needs exactly one of g or scale")
+        RecordConstructorArgs.__init__(self, g=g, scale=scale)
+        gym.Wrapper.__init__(self, env)
+        if family == "pendulum":
+            base = env.unwrapped
+            base.g = _positive("g", g) if g is not None else base.g * _positive("scale", scale)
+            return
+        vector = env.unwrapped.model.opt.gravity
+        if g is not None:
+            vector[:] = vector / np.linalg.norm(vector) * _positive("g", g)
+        else:
+            vector *= _positive("scale", scale)
 
 
-class TargetVelocity(gym.Wrapper):
+class TargetVelocity(gym.Wrapper, RecordConstructorArgs):
     """Forward-velocity command v* ~ U(command_range) per episode, appended to the observation; tracking reward.
 
     The reward is ``make_task_reward(env, tracking_sigma=sigma)`` — the same object the world model uses on predicted
@@ -135,7 +147,9 @@ class TargetVelocity(gym.Wrapper):
 
     def __init__(self, env: gym.Env, command_range: tuple[float, float] = (0.0, 1.0), sigma: float = 0.5,
                  weight: float | None = None) -> None:
-        super().__init__(env)
+        family = _require(env, "target_velocity", LOCOMOTION)
+        RecordConstructorArgs.__init__(self, command_range=tuple(command_range), sigma=sigma, weight=weight)
+        gym.Wrapper.__init__(self, env)
         low, high = (float(v) for v in command_range)
         if low > high:
             raise ValueError(f"command_range must be (low, high) with low <= high, got {command_range}")
@@ -145,7 +159,7 @@ class TargetVelocity(gym.Wrapper):
         base_space = env.observation_space
         self.observation_space = gym.spaces.Box(
             np.append(base_space.low, low), np.append(base_space.high, high), dtype=base_space.dtype)
-        self._uses_com = task_family(env) == "humanoid"
+        self._uses_com = family == "humanoid"
         self._scratch = mujoco.MjData(env.unwrapped.model) if self._uses_com else None
 
     def _forward_position(self) -> float:
@@ -181,18 +195,12 @@ class TargetVelocity(gym.Wrapper):
         return self._observe(obs), float(reward), terminated, truncated, info
 
 
-def target_velocity(env: gym.Env, command_range: tuple[float, float] = (0.0, 1.0), sigma: float = 0.5,
-                    weight: float | None = None) -> gym.Env:
-    _require(env, "target_velocity", LOCOMOTION)
-    return TargetVelocity(env, tuple(command_range), sigma, weight)
-
-
-CHANGES: dict[str, Callable[..., gym.Env]] = {
-    "target_velocity": target_velocity,
-    "friction": friction,
-    "mass": mass,
-    "gear": gear,
-    "gravity": gravity,
+CHANGES: dict[str, type[gym.Wrapper]] = {
+    "target_velocity": TargetVelocity,
+    "friction": Friction,
+    "mass": Mass,
+    "gear": Gear,
+    "gravity": Gravity,
 }
 
 

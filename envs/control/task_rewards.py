@@ -22,6 +22,7 @@ from typing import Callable, Protocol
 import gymnasium as gym
 import torch
 
+from envs.control.tasks import gymnasium_id
 from envs.control.torch_kinematics import TorchKinematics
 
 Tensor = torch.Tensor
@@ -141,15 +142,19 @@ def _com_displacement(kinematics: TorchKinematics) -> Callable[[Tensor, Tensor],
     return displacement
 
 
+# gymnasium env name -> task family (named like its task in ``envs.control.tasks.TASKS``)
+FAMILIES = {"Walker2d": "walker2d", "HalfCheetah": "half_cheetah", "Humanoid": "humanoid",
+            "InvertedPendulum": "inverted_pendulum", "Pendulum": "pendulum"}
+
+
 def task_family(env_or_id: gym.Env | str) -> str:
-    """'walker2d', 'half_cheetah', 'humanoid', 'inverted_pendulum' or 'pendulum' for an env or gymnasium id."""
-    env_id = env_or_id if isinstance(env_or_id, str) else env_or_id.unwrapped.spec.id
+    """'walker2d', 'half_cheetah', 'humanoid', 'inverted_pendulum' or 'pendulum' (the ``TASKS`` name of the env's
+    gymnasium original) for an env or an env id (gymnasium's or orrery's registered one)."""
+    env_id = gymnasium_id(env_or_id if isinstance(env_or_id, str) else env_or_id.unwrapped.spec.id)
     name = env_id.split("/")[-1].split("-")[0]
-    families = {"Walker2d": "walker2d", "HalfCheetah": "half_cheetah", "Humanoid": "humanoid",
-                "InvertedPendulum": "inverted_pendulum", "Pendulum": "pendulum"}
-    if name not in families:
-        raise ValueError(f"no task reward for {env_id!r}; known: {sorted(families)}")
-    return families[name]
+    if name not in FAMILIES:
+        raise ValueError(f"no task reward for {env_id!r}; known: {sorted(FAMILIES)}")
+    return FAMILIES[name]
 
 
 # Tracking weight: the command term should be worth at least the alive bonus, or standing still wins.

@@ -1,57 +1,93 @@
-"""Gymnasium control tasks by short name, and a vectorised rollout that stores only real transitions.
+"""The control tasks by short name, their gymnasium registration, and ``make_env``.
 
-Gymnasium >= 1.0 vector envs default to next-step autoreset: the step *after* a termination is a reset step whose
-(obs, action, reward) is fake. We build vector envs with same-step autoreset instead, so every step is a real
-transition: ``next_obs`` of a finished env is its true final observation (``infos["final_obs"]``), and the reset
-observation only becomes the next ``obs``.
+``TASKS`` is the one table of what orrery runs: each task's gymnasium env, the keyword arguments it is made with, and
+whether it is a MuJoCo env (a physics state qpos/qvel/ctrl to record, a model that stage-3 changes can edit). The
+envs orrery adds beyond gymnasium's own ids are registered with ``gymnasium.register`` under ``orrery/``, so
+``gymnasium.make("orrery/HumanoidState-v0")`` builds what ``make_env("humanoid_state")`` builds:
 
-Humanoid-v5 (tasks ``humanoid``, ``humanoid_state``) is built by ``envs.control.fast_mujoco`` by default: the same
-observations, rewards, terminations and time limit as gymnasium's env, with less Python per step. ``lean=False``
-gives gymnasium's own env (``gym.make``) everywhere a task is built.
+    orrery/Humanoid-v0        the lean Humanoid-v5 of ``envs.control.fast_mujoco`` (same observations, rewards,
+                              terminations and time limit as gymnasium's, less Python per step)
+    orrery/HumanoidState-v0   the same, observed through its state only (qpos[2:], qvel: 45 numbers, not 348)
+
+``lean=False`` builds gymnasium's own env (``gym.make`` of the task's gymnasium id) instead.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import gymnasium as gym
 import numpy as np
 
-from envs.control.fast_mujoco import lean_version
+from envs.control.fast_mujoco import FAST_ENVS, lean_version
 
-TASKS: dict[str, str] = {
-    "humanoid": "Humanoid-v5",
-    "pendulum": "Pendulum-v1",
-    "inverted_pendulum": "InvertedPendulum-v5",
-    "half_cheetah": "HalfCheetah-v5",
-    "walker2d": "Walker2d-v5",
-    "hopper": "Hopper-v5",
-    # Humanoid observed through its state only (qpos[2:], qvel: 45 numbers instead of 348). The LIFT pipeline
-    # uses this one: the world model predicts (qpos, qvel), so it can rebuild exactly this observation.
-    "humanoid_state": "Humanoid-v5",
+# Humanoid observed through its state only. The LIFT pipeline uses it: the world model predicts (qpos, qvel), so it
+# can rebuild exactly this observation.
+STATE_ONLY_HUMANOID = {f"include_{part}_in_observation": False
+                       for part in ("cinert", "cvel", "qfrc_actuator", "cfrc_ext")}
+
+
+@dataclass(frozen=True)
+class Task:
+    """One control task: the gymnasium env it is, and orrery's registered lean build of it (if any)."""
+
+    gym_id: str  # gymnasium's id
+    kwargs: dict[str, Any] = field(default_factory=dict)  # gymnasium.make keyword arguments beyond the id
+    mujoco: bool = True  # a MuJoCo env: physics state (qpos, qvel, ctrl) to record, a model to edit
+    orrery_id: str | None = None  # registered lean build (``envs.control.fast_mujoco``), what make_env builds
+
+
+TASKS: dict[str, Task] = {
+    "humanoid": Task("Humanoid-v5", orrery_id="orrery/Humanoid-v0"),
+    "pendulum": Task("Pendulum-v1", mujoco=False),
+    "inverted_pendulum": Task("InvertedPendulum-v5"),
+    "half_cheetah": Task("HalfCheetah-v5"),
+    "walker2d": Task("Walker2d-v5"),
+    "hopper": Task("Hopper-v5"),
+    "humanoid_state": Task("Humanoid-v5", STATE_ONLY_HUMANOID, orrery_id="orrery/HumanoidState-v0"),
 }
+MUJOCO_TASKS = frozenset(name for name, task in TASKS.items() if task.mujoco)
 
-# gymnasium.make keyword arguments of a task beyond its id
-TASK_KWARGS: dict[str, dict[str, Any]] = {
-    "humanoid_state": {f"include_{part}_in_observation": False
-                       for part in ("cinert", "cvel", "qfrc_actuator", "cfrc_ext")},
-}
 
-Policy = Callable[[np.ndarray], np.ndarray]
+def _register() -> None:
+    for task in TASKS.values():
+        if task.orrery_id is not None and task.orrery_id not in gym.registry:
+            cls = FAST_ENVS[task.gym_id]
+            # The lean env counts its own time limit and is checked by tests/test_gym_conventions.py: no TimeLimit,
+            # OrderEnforcing or PassiveEnvChecker layers (each costs Python per step).
+            gym.register(task.orrery_id, entry_point=f"{cls.__module__}:{cls.__name__}", kwargs=dict(task.kwargs),
+                         max_episode_steps=None, order_enforce=False, disable_env_checker=True)
+
+
+_register()
 
 
 def env_id(task: str) -> str:
-    """Short task name or a full gymnasium id."""
+    """The gymnasium id a short task name stands for, or a registered gymnasium id itself."""
     if task in TASKS:
-        return TASKS[task]
+        return TASKS[task].gym_id
     if task in gym.registry:
         return task
     raise ValueError(f"unknown task {task!r}: choose one of {sorted(TASKS)} or a registered gymnasium id")
 
 
-class PhysicsState(gym.Wrapper):
+def gymnasium_id(registered_id: str) -> str:
+    """The gymnasium id an env id reproduces: an ``orrery/`` id -> its gymnasium original, any other id unchanged."""
+    for task in TASKS.values():
+        if task.orrery_id == registered_id:
+            return task.gym_id
+    return registered_id
+
+
+class PhysicsState(gym.Wrapper, gym.utils.RecordConstructorArgs):
     """Adds MuJoCo ``qpos``/``qvel``/``ctrl`` to ``info`` after reset and every step (the world model trains on
     them: ``ctrl`` is the action in the simulator's units, before it is rescaled to the policy's [-1, 1])."""
+
+    def __init__(self, env: gym.Env) -> None:
+        if not hasattr(env.unwrapped, "data"):
+            raise ValueError(f"{env.unwrapped.spec.id if env.unwrapped.spec else env} has no MuJoCo state to record")
+        gym.utils.RecordConstructorArgs.__init__(self)
+        gym.Wrapper.__init__(self, env)
 
     def _state(self, info: dict) -> dict:
         data = self.env.unwrapped.data
@@ -60,8 +96,8 @@ class PhysicsState(gym.Wrapper):
         info["ctrl"] = np.array(data.ctrl, dtype=np.float64)  # the control the simulator applied (env units)
         return info
 
-    def reset(self, **kwargs: Any):
-        obs, info = self.env.reset(**kwargs)
+    def reset(self, *, seed: int | None = None, options: dict | None = None):
+        obs, info = self.env.reset(seed=seed, options=options)
         return obs, self._state(info)
 
     def step(self, action):
@@ -71,165 +107,36 @@ class PhysicsState(gym.Wrapper):
 
 def make_env(task: str, change: dict | None = None, physics_state: bool = False, lean: bool = True,
              **kwargs: Any) -> gym.Env:
-    """The task's env with policy actions in [-1, 1]; ``lean`` uses ``envs.control.fast_mujoco`` where it covers the task
-    (and ``kwargs``), else ``gym.make``. ``physics_state`` adds qpos/qvel/ctrl to every ``info``."""
-    gym_id, make_kwargs = env_id(task), {**TASK_KWARGS.get(task, {}), **kwargs}
-    lean_env = lean_version(gym_id, make_kwargs) if lean else None
-    if lean_env is not None:
-        env = lean_env(physics_state=physics_state, **make_kwargs)  # records the physics state itself
+    """The task's env with policy actions in [-1, 1].
+
+    ``lean`` builds orrery's registered lean env where the task has one that takes ``kwargs``, else gymnasium's.
+    ``change`` applies stage-3 edits (``envs.control.changes``); ``physics_state`` adds qpos/qvel/ctrl to every
+    ``info`` (MuJoCo tasks only).
+    """
+    spec = TASKS.get(task) or Task(env_id(task))  # another gymnasium id: PhysicsState refuses it if not MuJoCo
+    if physics_state and not spec.mujoco:
+        raise ValueError(f"physics_state=True needs a MuJoCo task: {task} ({spec.gym_id}) has no MuJoCo state "
+                         f"(qpos/qvel/ctrl); choose one of {sorted(MUJOCO_TASKS)}")
+    make_kwargs = {**spec.kwargs, **kwargs}
+    lean_id = spec.orrery_id if lean and lean_version(spec.gym_id, make_kwargs) else None
+    if lean_id is not None:
+        env = gym.make(lean_id, physics_state=physics_state, **kwargs)  # records the physics state itself
     else:
-        env = gym.make(gym_id, **make_kwargs)
+        env = gym.make(spec.gym_id, **make_kwargs)
     if change:
-        from envs.control.changes import apply_change  # stage 3 edits: friction, mass, gear, gravity, target velocity
+        from envs.control.changes import apply_change  # changes import the task rewards, which import this module
         env = apply_change(env, change)
-    if physics_state and lean_env is None:
+    if physics_state and lean_id is None:
         env = PhysicsState(env)
-    # Policies act in [-1, 1] on every task; the env maps that onto its own control range.
-    return gym.wrappers.RescaleAction(env, -1.0, 1.0)
+    # Policies act in [-1, 1] on every task; the env maps that onto its own control range. float32 bounds, as the
+    # action space's own dtype (the same controls, without gymnasium's precision warning).
+    return gym.wrappers.RescaleAction(env, np.float32(-1.0), np.float32(1.0))
 
 
 def make_vector_env(task: str, num_envs: int, change: dict | None = None, physics_state: bool = False,
                     lean: bool = True, **kwargs: Any) -> gym.vector.SyncVectorEnv:
+    """``num_envs`` copies of ``make_env(...)`` with same-step autoreset (``envs.control.rollout`` explains why)."""
     return gym.vector.SyncVectorEnv(
         [lambda: make_env(task, change, physics_state, lean, **kwargs) for _ in range(num_envs)],
         autoreset_mode=gym.vector.AutoresetMode.SAME_STEP,
     )
-
-
-def random_policy(action_space: gym.Space, seed: int) -> Policy:
-    rng = np.random.default_rng(seed)
-    low, high = action_space.low, action_space.high
-
-    def act(obs: np.ndarray) -> np.ndarray:
-        return rng.uniform(low, high, size=(obs.shape[0],) + low.shape).astype(np.float32)
-
-    return act
-
-
-@dataclass
-class EpisodeStats:
-    returns: list[float] = field(default_factory=list)
-    lengths: list[int] = field(default_factory=list)
-    terminations: int = 0  # falls: episodes that ended by termination, not by the time limit
-
-
-class VectorRollout:
-    """A batch of envs that persists between calls: ``collect(policy, steps)`` continues running episodes."""
-
-    def __init__(self, task: str, num_envs: int, seed: int, change: dict | None = None,
-                 physics_state: bool = False, lean: bool = True) -> None:
-        self.envs = make_vector_env(task, num_envs, change, physics_state, lean)
-        self.num_envs, self.physics_state = num_envs, physics_state
-        self.obs, info = self.envs.reset(seed=seed)
-        self.envs.action_space.seed(seed)
-        self.state = self._physics(info) if physics_state else None
-        self.ep_return = np.zeros(num_envs)
-        self.ep_length = np.zeros(num_envs, dtype=np.int64)
-        self.total_steps = 0
-
-    @property
-    def single_action_space(self) -> gym.Space:
-        return self.envs.single_action_space
-
-    @property
-    def single_observation_space(self) -> gym.Space:
-        return self.envs.single_observation_space
-
-    @staticmethod
-    def _physics(info: dict) -> tuple[np.ndarray, np.ndarray]:
-        return np.asarray(info["qpos"]), np.asarray(info["qvel"])
-
-    def collect(self, policy: Policy, steps: int) -> tuple[dict[str, np.ndarray], EpisodeStats]:
-        """Run ``steps`` vectorised steps; returns ``steps * num_envs`` real transitions and finished episodes.
-
-        Rows are time-major (row ``t * num_envs + i`` is env ``i`` at step ``t``). The sub-envs are stepped here, with
-        SyncVectorEnv's same-step autoreset semantics, straight into preallocated arrays: SyncVectorEnv's per-step
-        info merging and re-stacking cost ~10 % of a Humanoid step, and nothing here needs the merged infos.
-        """
-        n, envs = self.num_envs, self.envs.envs
-        obs_shape, act_shape = self.single_observation_space.shape, self.single_action_space.shape
-        obs = np.empty((steps, n) + obs_shape, np.float32)
-        next_obs = np.empty((steps, n) + obs_shape, np.float32)
-        actions = np.empty((steps, n) + act_shape, np.float32)
-        rewards = np.empty((steps, n))  # float64 as in SyncVectorEnv: episode returns accumulate in float64
-        terminated = np.zeros((steps, n), bool)
-        truncated = np.zeros((steps, n), bool)
-        if self.physics_state:
-            qpos, qvel = np.array(self.state[0]), np.array(self.state[1])
-            qpos_out = np.empty((steps,) + qpos.shape)
-            qvel_out = np.empty((steps,) + qvel.shape)
-            next_qpos_out, next_qvel_out = np.empty_like(qpos_out), np.empty_like(qvel_out)
-            ctrl_out = np.empty((steps, n) + np.shape(self.envs.envs[0].unwrapped.data.ctrl))
-        stats = EpisodeStats()
-        for t in range(steps):
-            action = np.asarray(policy(self.obs), dtype=np.float32)
-            if action.shape != (n,) + act_shape:
-                raise ValueError(f"policy returned actions of shape {action.shape}, expected {(n,) + act_shape}")
-            obs[t] = self.obs
-            actions[t] = action
-            if self.physics_state:
-                qpos_out[t], qvel_out[t] = qpos, qvel
-            current = np.empty_like(self.obs)  # a fresh array per step: a policy may keep the one it was given
-            for i, env in enumerate(envs):
-                o, r, term, trunc, info = env.step(action[i])
-                next_obs[t, i], rewards[t, i], terminated[t, i], truncated[t, i] = o, r, term, trunc
-                if self.physics_state:
-                    next_qpos_out[t, i], next_qvel_out[t, i] = info["qpos"], info["qvel"]
-                    ctrl_out[t, i] = info["ctrl"]
-                self.ep_return[i] += rewards[t, i]
-                self.ep_length[i] += 1
-                if term or trunc:
-                    stats.returns.append(float(self.ep_return[i]))
-                    stats.lengths.append(int(self.ep_length[i]))
-                    stats.terminations += int(bool(term))
-                    self.ep_return[i], self.ep_length[i] = 0.0, 0
-                    o, info = env.reset()  # same-step autoreset: the reset observation is only the next ``obs``
-                current[i] = o
-                if self.physics_state:
-                    qpos[i], qvel[i] = info["qpos"], info["qvel"]
-            self.obs = current
-            self.total_steps += n
-        if self.physics_state:
-            self.state = (qpos.copy(), qvel.copy())
-
-        def rows(a: np.ndarray) -> np.ndarray:
-            return a.reshape((steps * n,) + a.shape[2:])
-
-        batch = {"obs": rows(obs), "action": rows(actions), "reward": rows(rewards.astype(np.float32)),
-                 "next_obs": rows(next_obs), "terminated": rows(terminated.astype(np.float32)),
-                 "truncated": rows(truncated.astype(np.float32))}
-        if self.physics_state:
-            batch.update(qpos=rows(qpos_out), qvel=rows(qvel_out), next_qpos=rows(next_qpos_out),
-                         next_qvel=rows(next_qvel_out), ctrl=rows(ctrl_out))
-        return batch, stats
-
-    def close(self) -> None:
-        self.envs.close()
-
-
-def evaluate(task: str, policy: Policy, episodes: int, seed: int, change: dict | None = None,
-             num_envs: int | None = None, lean: bool = True) -> EpisodeStats:
-    """Run ``episodes`` full episodes (in parallel envs) with ``policy``; returns their returns and falls."""
-    num_envs = num_envs or episodes
-    envs = make_vector_env(task, num_envs, change, lean=lean)
-    obs, _ = envs.reset(seed=seed)
-    stats = EpisodeStats()
-    ep_return = np.zeros(num_envs)
-    ep_length = np.zeros(num_envs, dtype=np.int64)
-    active = np.ones(num_envs, dtype=bool)  # each env contributes whole episodes until we have enough
-    while len(stats.returns) < episodes:
-        obs, reward, terminated, truncated, _ = envs.step(np.asarray(policy(obs), dtype=np.float32))
-        ep_return += reward
-        ep_length += 1
-        for i in np.flatnonzero((terminated | truncated) & active):
-            stats.returns.append(float(ep_return[i]))
-            stats.lengths.append(int(ep_length[i]))
-            stats.terminations += int(terminated[i])
-            if len(stats.returns) + active.sum() - 1 >= episodes:
-                active[i] = False
-        done = terminated | truncated
-        ep_return[done] = 0.0
-        ep_length[done] = 0
-    envs.close()
-    stats.returns = stats.returns[:episodes]
-    return stats

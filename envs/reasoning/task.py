@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass, field
+from typing import Sequence
 
 OPS = {"+": lambda x, y: x + y, "-": lambda x, y: x - y, "*": lambda x, y: x * y}
 ANSWER_PREFIX = "ans="
@@ -221,6 +222,15 @@ class ReasoningTask:
 
     def sample(self, rng: random.Random, n: int, difficulty: int | None = None) -> list[Problem]:
         return [sample_problem(self.cfg, rng, difficulty) for _ in range(n)]
+
+    def evaluation_problems(self, per_difficulty: int, seed: int,
+                            difficulties: Sequence[int] | None = None) -> list[Problem]:
+        """A fixed evaluation set: ``per_difficulty`` problems of each difficulty (default: all the task's), drawn
+        difficulty after difficulty from one ``random.Random(seed)``."""
+        rng = random.Random(seed)
+        if difficulties is None:
+            difficulties = range(self.cfg.min_steps, self.cfg.max_steps + 1)
+        return [p for d in difficulties for p in self.sample(rng, per_difficulty, d)]
 
     def reward(self, problem: Problem, response: str, finished: bool = True) -> float:
         return reward(problem, response, finished)

@@ -2,12 +2,11 @@
 
 config:  task (envs.reasoning.task.ReasoningTaskConfig fields), seed, hf_model (local HF model dir or None),
          delimiter (step delimiter of an HF tokenizer), autocast_bf16, max_batch_size
-weights: {"kind": "gpt", "gpt": GPTConfig fields, "state_dict": ...} for the character GPT, or
-         {"kind": "hf", "path": <local HF model dir>, "state_dict": ... or None} for a Hugging Face causal LM
+weights: experiments.attnrl.weights (the character GPT or a local Hugging Face causal LM)
 request: items (list of {prompt_ids, prefix_ids, max_new_tokens, tag, problem}), max_new_tokens, temperature,
          fci (None, or {"delta", "zero_first_step"}: FCI from the attention rows of the decoding pass), seed
-result:  rollouts (algos.attnrl.lm.Rollout, ``meta["reward"]`` = exact-match reward scored here, ``meta["weights_version"]``),
-         generated_tokens, weights_version, num_samples
+result:  rollouts (algos.attnrl.lm.Rollout, ``meta["reward"]`` = exact-match reward scored here,
+         ``meta["weights_version"]``), generated_tokens, weights_version, num_samples
 
 The worker holds one policy per (sampler config); a new weights version is loaded in place (a state dict), so an
 HF model is read from disk once per worker.
@@ -19,27 +18,10 @@ from typing import Any
 
 import torch
 
-from algos.attnrl.attnrl import fci_scores
-from algos.attnrl.lm import GenerationRequest, Policy, generate, load_hf_policy
+from algos.attnrl.fci import fci_scores
+from algos.attnrl.lm import GenerationRequest, Policy, generate
 from envs.reasoning.task import ReasoningTask, ReasoningTaskConfig
-
-
-def build_policy(weights: dict, config: dict | None = None) -> Policy:
-    """A policy from published weights (character GPT state dict, or a local HF model dir + optional state dict)."""
-    config = config or {}
-    kind = weights.get("kind")
-    if kind == "gpt":
-        from algos.attnrl.gpt import GPT, GPTConfig
-        policy = Policy(GPT(GPTConfig(**weights["gpt"])), ReasoningTask().tokenizer,
-                        bool(config.get("autocast_bf16", False)))
-    elif kind == "hf":
-        policy = load_hf_policy(weights["path"], config.get("delimiter", "\n"), bool(config.get("autocast_bf16", False)))
-    else:
-        raise ValueError(f"lm sampler: weights['kind'] must be 'gpt' or 'hf', got {kind!r}")
-    if weights.get("state_dict") is not None:
-        policy.model.load_state_dict(weights["state_dict"])
-    policy.model.eval()
-    return policy
+from experiments.attnrl.weights import build_policy
 
 
 class LMSampler:
@@ -61,7 +43,8 @@ class LMSampler:
         if same_model and weights.get("state_dict") is not None:
             self.policy.model.load_state_dict(weights["state_dict"])  # new version of the same model: in place
         else:
-            self.policy = build_policy(weights, self.config)
+            self.policy = build_policy(weights, bool(self.config.get("autocast_bf16", False)),
+                                       self.config.get("delimiter", "\n"))
             self._kind, self._gpt, self._path = weights.get("kind"), weights.get("gpt"), weights.get("path")
         self.version = version
 

@@ -19,7 +19,7 @@ import numpy as np
 
 from cluster.journal import Journal
 from cluster.metrics import Progress
-from envs.control.tasks import TASKS, env_id
+from envs.control.tasks import MUJOCO_TASKS, TASKS, env_id
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +36,8 @@ class Config:
     def __post_init__(self) -> None:
         if self.task not in TASKS:
             raise ValueError(f"experiment.task: unknown task {self.task!r} (choose from {', '.join(sorted(TASKS))})")
+        if self.physics_state and self.task not in MUJOCO_TASKS:
+            raise ValueError(f"experiment.physics_state: {self.task} has no MuJoCo state; set it to false")
         for key in ("num_transitions", "num_shards", "envs_per_shard"):
             if getattr(self, key) < 1:
                 raise ValueError(f"experiment.{key}: must be >= 1, got {getattr(self, key)}")
@@ -61,7 +63,7 @@ def run(cfg: dict, ctx) -> dict[str, Any]:
     weights = None
     if exp.policy != "random":
         import torch
-        pool.publish("collect/policy", torch.load(exp.policy, weights_only=False))
+        pool.publish("collect/policy", torch.load(exp.policy, weights_only=True))
         weights = "collect/policy"
     store = ctx.run_dir.store("transitions")
     episodes = ctx.run_dir.store("episodes")

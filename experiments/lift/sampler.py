@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from envs.control.tasks import VectorRollout, random_policy
+from envs.control.rollout import VectorRollout, random_policy
 
 
 class EnvSampler:
@@ -38,12 +38,12 @@ class EnvSampler:
                                      bool(cfg.get("physics_state", False)))
 
     def load_weights(self, weights: Any, version: int) -> None:
-        from algos.lift.sac import build_policy  # lazy: random-policy collection needs no torch
+        from algos.lift.policy import build_policy  # lazy: random-policy collection needs no torch
         self.policy_fn = build_policy(weights)
         self.version = version
 
     def evaluate(self, request: dict) -> dict:
-        from envs.control.tasks import evaluate
+        from envs.control.rollout import evaluate
         if self.policy_fn is None:
             raise RuntimeError("evaluation needs published policy weights")
         deterministic = bool(request.get("deterministic", True))

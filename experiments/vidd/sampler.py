@@ -8,14 +8,17 @@ config (one sampler per task/model shape, cached by the pool worker):
     reward       {"kind": ..., ...}: molecule kind qed|sa|composite (+ sa_weight); dna kind motif (+ release);
                  protein kind beta_sheet; any task: kind custom + factory "module:callable" (a user oracle)
     T            reverse steps of the ancestral sampler
-weights (published by version): a bundle ``{role: state_dict}`` with roles "pretrained", "rollout", "student".
+weights (published by version): a bundle ``{role: state_dict}`` with roles "pretrained" (p_pre), "teacher" (p_out)
+    and "student" (p_theta).
 request:
     kind "sample": n, seed, model (a role), record_trajectory (bool), score (bool), max_queries (optional)
         -> tokens [n, L], sequences (decoded strings), rewards [n] (if score), states [T+1, n, L] (if recorded)
     kind "vidd":   n, seed, model (roll-in role), steps_per_trajectory (k or None = all T), max_queries,
-                   value_model (role, default "rollout"), value_estimator, greedy_tokens_per_step
-        -> the Alg. 1 roll-out transitions of algos.vidd.vidd.collect_vidd_batch as arrays (x_t, x_next, t, s, v_current,
-           v_next, changed); x̄ is drawn from the "rollout" role (p_out), values v(x) = r(x̂0(x)) from value_model
+                   value_model (role, default "teacher"), value_estimator, greedy_tokens_per_step, next_value,
+                   states_from_teacher, keep_teacher_log_probs (algos.vidd.vidd.collect_vidd_batch's options)
+        -> the Alg. 1 roll-out transitions of algos.vidd.vidd.collect_vidd_batch as arrays (x_t, x_next, t, s,
+           v_current, v_next, changed, teacher_log_probs if kept); x̄ is drawn from the "teacher" role (p_out), values
+           v(x) = r(x̂0(x)) from value_model
 Every result carries ``queries`` (distinct sequences sent to the oracle, exact), ``reward_info`` (invalid / empty /
 error counts summed over calls), ``weights_version`` and ``num_samples``. An oracle that raises is retried row by
 row; rows that still raise get the floor reward and are counted in ``n_errors``, so a bad molecule never kills a run.
@@ -29,14 +32,16 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from algos.vidd.mdlm import DenoiserConfig, LogLinearSchedule, MaskedDenoiser, sample as mdlm_sample
-from algos.vidd.vidd import RewardCounter, collect_vidd_batch, select_steps
+from algos.vidd.mdlm import DenoiserConfig, LogLinearSchedule, MaskedDenoiser
+from algos.vidd.oracle import RewardCounter
+from algos.vidd.sampling import sample as mdlm_sample
+from algos.vidd.vidd import collect_vidd_batch, select_steps
 from envs.bio.sequences import Vocab
 
 log = logging.getLogger(__name__)
 
 TASKS = ("molecule", "dna", "protein")
-ROLES = ("pretrained", "rollout", "student")
+ROLES = ("pretrained", "teacher", "student")
 
 
 # ------------------------------------------------------------------------------------------ task plumbing
@@ -193,18 +198,18 @@ class DiffusionSampler:
     def _vidd(self, request: dict) -> dict:
         n = int(request["n"])
         generator = torch.Generator().manual_seed(int(request.get("seed", 0)))
-        rollin = mdlm_sample(self._model(request.get("model", "rollout")), n, self.denoiser_cfg.seq_len, self.T,
+        rollin = mdlm_sample(self._model(request.get("model", "teacher")), n, self.denoiser_cfg.seq_len, self.T,
                              generator, record_trajectory=True, schedule=self.schedule)
         k = request.get("steps_per_trajectory")
         steps = select_steps(n, self.T, None if k is None else int(k), generator)
         counter = self._counter(request)
         batch, _ = collect_vidd_batch(
-            self._model("rollout"), self._model(request.get("value_model", "rollout")), rollin.states, steps,
+            self._model("teacher"), self._model(request.get("value_model", "teacher")), rollin.states, steps,
             counter, generator, self.schedule, max_queries=counter.remaining,
             value_estimator=request.get("value_estimator", "one_step"),
             greedy_tokens_per_step=int(request.get("greedy_tokens_per_step", 4)),
             next_value=request.get("next_value", "denoised"),
-            states_from_rollout_model=bool(request.get("states_from_rollout_model", False)),
+            states_from_teacher=bool(request.get("states_from_teacher", False)),
             keep_teacher_log_probs=bool(request.get("keep_teacher_log_probs", False)))
         extra = {} if batch.teacher_log_probs is None else {"teacher_log_probs": batch.teacher_log_probs.numpy()}
         return {**extra, "x_t": batch.x_t.numpy().astype(np.int16), "x_next": batch.x_next.numpy().astype(np.int16),

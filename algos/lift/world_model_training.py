@@ -1,0 +1,225 @@
+"""Fitting a LIFT world model (stage ii, and its retraining in stage iii) on recorded transitions.
+
+The data are flat transitions (``TRANSITION_COLUMNS``) in any row order, e.g. interleaved vector-env rows: episodes are
+rebuilt by matching each transition's next state to another's state (``successor_index``). Whole episodes are held
+out, so hold-out states are unseen; training draws windows of ``loss_horizon`` consecutive steps, in shuffled epochs
+(MBPO/LIFT), Adam on the model's H-step NLL, with optional early stopping on the hold-out loss (LIFT finetuning).
+Reported errors are ``multistep_errors``: open-loop MSE with the recorded actions, in units of the state's std.
+"""
+from __future__ import annotations
+
+import copy
+import logging
+import math
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from algos.lift.world_model import WorldModel, WorldModelConfig
+
+Tensor = torch.Tensor
+log = logging.getLogger(__name__)
+
+# Columns the world model trains on; stage-1 replay must store them (float64 qpos/qvel keep successor matching exact).
+TRANSITION_COLUMNS: tuple[str, ...] = ("qpos", "qvel", "action", "next_qpos", "next_qvel", "terminated", "truncated")
+REQUIRED_COLUMNS: tuple[str, ...] = ("qpos", "qvel", "action", "next_qpos", "next_qvel", "terminated")
+
+
+@dataclass
+class EarlyStopping:
+    """Stop after ``patience`` evaluations without a ``min_improvement`` relative gain of the hold-out loss
+    (LIFT finetuning: 1%, 6 epochs); the best weights are restored."""
+
+    patience: int = 6
+    min_improvement: float = 0.01
+
+    def __post_init__(self) -> None:
+        if self.patience < 1:
+            raise ValueError(f"patience must be >= 1, got {self.patience}")
+        if self.min_improvement < 0:
+            raise ValueError(f"min_improvement must be >= 0, got {self.min_improvement}")
+
+
+# ---------------------------------------------------------------------------------------------------------------- data
+
+def as_tensors(data: Mapping[str, np.ndarray | Tensor], dtype: torch.dtype = torch.float32) -> dict[str, Tensor]:
+    """The ``REQUIRED_COLUMNS`` (plus ``truncated`` if present) as tensors; flags become 0/1 of ``dtype``."""
+    missing = [c for c in REQUIRED_COLUMNS if c not in data]
+    if missing:
+        raise ValueError(f"transition data lacks columns {missing}; need {REQUIRED_COLUMNS}")
+    return {c: torch.as_tensor(np.asarray(data[c]), dtype=dtype) for c in TRANSITION_COLUMNS if c in data}
+
+
+def successor_index(data: Mapping[str, np.ndarray]) -> np.ndarray:
+    """For each transition, the row whose (qpos, qvel) equals its (next_qpos, next_qvel), or −1 after a termination,
+    truncation or missing row. Independent of row order, so interleaved vector-env data works as is."""
+    qpos, qvel = np.asarray(data["qpos"]), np.asarray(data["qvel"])
+    start = {qpos[i].tobytes() + qvel[i].tobytes(): i for i in range(len(qpos))}
+    next_qpos, next_qvel = np.asarray(data["next_qpos"]), np.asarray(data["next_qvel"])
+    ended = np.asarray(data["terminated"]).astype(bool)
+    if "truncated" in data:
+        ended |= np.asarray(data["truncated"]).astype(bool)
+    return np.array([-1 if ended[i] else start.get(next_qpos[i].tobytes() + next_qvel[i].tobytes(), -1)
+                     for i in range(len(qpos))], dtype=np.int64)
+
+
+def episode_ids(successor: np.ndarray) -> np.ndarray:
+    """Label the chains of ``successor`` (episodes, or episode fragments) 0, 1, ..."""
+    has_predecessor = np.zeros(len(successor), dtype=bool)
+    has_predecessor[successor[successor >= 0]] = True
+    labels = np.full(len(successor), -1, dtype=np.int64)
+    for label, root in enumerate(np.flatnonzero(~has_predecessor)):
+        row = root
+        while row >= 0 and labels[row] < 0:
+            labels[row] = label
+            row = successor[row]
+    unlabeled = labels < 0  # cycles cannot occur in real data; label any leftovers individually
+    labels[unlabeled] = labels.max(initial=-1) + 1 + np.arange(unlabeled.sum())
+    return labels
+
+
+def windows(successor: np.ndarray, rows: np.ndarray, horizon: int) -> tuple[np.ndarray, np.ndarray]:
+    """(index (S, H), valid (S, H)): row chains of length ``horizon`` starting at ``rows``; invalid past an end."""
+    index = np.zeros((len(rows), horizon), dtype=np.int64)
+    valid = np.zeros((len(rows), horizon), dtype=bool)
+    current, ok = rows.astype(np.int64), np.ones(len(rows), dtype=bool)
+    for k in range(horizon):
+        index[:, k], valid[:, k] = np.where(ok, current, 0), ok
+        nxt = successor[np.where(ok, current, 0)]
+        ok = ok & (nxt >= 0)
+        current = np.where(ok, nxt, 0)
+    return index, valid
+
+
+def gather_windows(tensors: Mapping[str, Tensor], index: np.ndarray, valid: np.ndarray) -> dict[str, Tensor]:
+    """The ``loss`` batch for window ``index`` (S, H)."""
+    idx = torch.as_tensor(index)
+    return {"qpos": tensors["qpos"][idx[:, 0]], "qvel": tensors["qvel"][idx[:, 0]],
+            "action": tensors["action"][idx], "next_qpos": tensors["next_qpos"][idx],
+            "next_qvel": tensors["next_qvel"][idx], "terminated": tensors["terminated"][idx],
+            "valid": torch.as_tensor(valid)}
+
+
+def split_episodes(successor: np.ndarray, holdout_fraction: float,
+                   rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """Rows of the training and hold-out episodes (whole episodes, so hold-out states are unseen)."""
+    labels = episode_ids(successor)
+    episodes = rng.permutation(labels.max() + 1)
+    n_holdout = max(1, int(round(holdout_fraction * len(episodes))))
+    holdout = np.isin(labels, episodes[:n_holdout])
+    return np.flatnonzero(~holdout), np.flatnonzero(holdout)
+
+
+# ------------------------------------------------------------------------------------------------------------- metrics
+
+@torch.no_grad()
+def multistep_errors(model: WorldModel, tensors: Mapping[str, Tensor], successor: np.ndarray, rows: np.ndarray,
+                     horizon: int, max_windows: int, rng: np.random.Generator) -> np.ndarray:
+    """Open-loop error with the recorded actions: e_k = mean over windows and non-translation dims of
+    ((ŝ_k − s_k)/std(s))², k = 1..horizon. Windows must stay in one episode with no termination before their end."""
+    index, valid = windows(successor, rows, horizon)
+    terminated = tensors["terminated"].numpy()[index].astype(bool)
+    usable = valid.all(1) & ~terminated[:, :-1].any(1)
+    index = index[usable]
+    if len(index) == 0:
+        raise ValueError(f"no hold-out window of {horizon} steps; collect longer episodes or lower eval_horizon")
+    if len(index) > max_windows:
+        index = index[rng.choice(len(index), max_windows, replace=False)]
+    idx = torch.as_tensor(index)
+    state = torch.cat((tensors["qpos"][idx[:, 0]], tensors["qvel"][idx[:, 0]]), -1)
+    errors = np.zeros(horizon)
+    weight = model.metric_mask / model.metric_mask.sum()
+    for k in range(horizon):
+        state, _ = model.predict(state, tensors["action"][idx[:, k]])
+        target = torch.cat((tensors["next_qpos"][idx[:, k]], tensors["next_qvel"][idx[:, k]]), -1)
+        errors[k] = float((((state - target) / model.state_std).square() * weight).sum(-1).mean())
+    return errors
+
+
+# ------------------------------------------------------------------------------------------------------------ training
+
+def train_world_model(model: WorldModel, data: Mapping[str, np.ndarray], cfg: WorldModelConfig | None = None,
+                      early_stopping: EarlyStopping | None = None,
+                      refit_normalizers: bool = True) -> dict[str, float | list[float]]:
+    """Fit ``model`` on flat transitions (``TRANSITION_COLUMNS``): episode-level hold-out split, scaler refit, Adam
+    on the ``cfg.loss_horizon``-step NLL (LIFT §2.3/§3.1). Returns the hold-out 1-step and ``eval_horizon``-step
+    normalized errors (``multistep_errors``), losses and wall time. ``refit_normalizers=False`` keeps the model's
+    scalers (a retraining on little data)."""
+    cfg = cfg or model.cfg
+    started = time.perf_counter()
+    torch.manual_seed(cfg.seed)
+    rng = np.random.default_rng(cfg.seed)
+    dtype = model.delta_std.dtype
+    tensors = as_tensors(data, dtype)
+    successor = successor_index(data)
+    train_rows, holdout_rows = split_episodes(successor, cfg.holdout_fraction, rng)
+    # drawn even when the scalers are kept, so that the rest of the fit sees the same random stream
+    fit_rows = train_rows if len(train_rows) <= cfg.normalizer_rows else rng.choice(
+        train_rows, cfg.normalizer_rows, replace=False)
+    if refit_normalizers:
+        model.fit_normalizers({k: v[torch.as_tensor(fit_rows)] for k, v in tensors.items()})
+
+    train_index, train_valid = windows(successor, train_rows, cfg.loss_horizon)
+    hold_index, hold_valid = windows(successor, holdout_rows, cfg.loss_horizon)
+    if len(hold_index) > cfg.max_eval_windows:
+        keep = rng.choice(len(hold_index), cfg.max_eval_windows, replace=False)
+        hold_index, hold_valid = hold_index[keep], hold_valid[keep]
+    holdout_batch = gather_windows(tensors, hold_index, hold_valid)
+
+    optimiser = torch.optim.Adam(model.parameters(), lr=cfg.lr)
+    best_loss, best_state, stale, stopped_early = math.inf, None, 0, False
+    history: list[float] = []
+    with torch.no_grad():
+        _, initial_metrics = model.loss(holdout_batch)
+    order, cursor, running, steps = rng.permutation(len(train_index)), 0, 0.0, 0
+    for steps in range(1, cfg.train_steps + 1):
+        if cursor + cfg.batch_size > len(order):  # epochs over shuffled windows, as MBPO/LIFT
+            order, cursor = rng.permutation(len(train_index)), 0
+        pick = order[cursor:cursor + cfg.batch_size]
+        cursor += cfg.batch_size
+        loss, _ = model.loss(gather_windows(tensors, train_index[pick], train_valid[pick]))
+        optimiser.zero_grad(set_to_none=True)
+        loss.backward()
+        optimiser.step()
+        running += loss.item()
+        if steps % cfg.eval_every == 0 or steps == cfg.train_steps:
+            with torch.no_grad():
+                _, holdout_metrics = model.loss(holdout_batch)
+            holdout_loss = holdout_metrics["nll"]
+            history.append(holdout_loss)
+            log.debug("step %d train %.4f holdout %.4f", steps, running / cfg.eval_every, holdout_loss)
+            running = 0.0
+            if early_stopping is not None:
+                improved = (not math.isfinite(best_loss)
+                            or best_loss - holdout_loss > early_stopping.min_improvement * abs(best_loss))
+                if holdout_loss < best_loss:
+                    best_loss, best_state = holdout_loss, copy.deepcopy(model.state_dict())
+                stale = 0 if improved else stale + 1
+                if stale >= early_stopping.patience:
+                    stopped_early = True
+                    break
+    if best_state is not None:
+        model.load_state_dict(best_state)
+    train_seconds = time.perf_counter() - started
+    errors = multistep_errors(model, tensors, successor, holdout_rows, cfg.eval_horizon, cfg.max_eval_windows,
+                              np.random.default_rng(cfg.seed))
+    with torch.no_grad():
+        _, final_metrics = model.loss(holdout_batch)
+    return {
+        "steps": steps,
+        "stopped_early": stopped_early,
+        "train_seconds": train_seconds,
+        "holdout_nll": final_metrics["nll"],
+        "holdout_nll_initial": initial_metrics["nll"],
+        "holdout_nll_history": history,
+        "holdout_mse": final_metrics["normalized_mse"],
+        "holdout_mse_initial": initial_metrics["normalized_mse"],
+        "error_1step": float(errors[0]),
+        f"error_{cfg.eval_horizon}step": float(errors[-1]),
+        "error_curve": errors.tolist(),
+        "train_transitions": len(train_rows),
+        "holdout_transitions": len(holdout_rows),
+    }

@@ -1,0 +1,107 @@
+"""Hyper-parameters of VIDD and of the baselines it is compared with at one reward-query budget.
+
+Plain dataclasses and no torch, so a driver can validate a config before it imports anything heavy. The cluster
+experiment's config (``experiments/vidd/config.py``) extends :class:`VIDDConfig`: every field here is also an
+``experiment.<field>`` key, checked by the same ``__post_init__``.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import ClassVar, Literal
+
+# the reward fine-tuning methods; a method's index here is its ``method_id`` in the cluster experiment's metrics
+METHODS: tuple[str, ...] = ("vidd", "best_of_n", "standard_ft", "ddpo")
+Method = Literal["vidd", "best_of_n", "standard_ft", "ddpo"]
+
+
+@dataclass
+class VIDDConfig:
+    """VIDD (Algorithm 1) and its baselines (laptop-sized defaults).
+
+    Roles of the three denoisers: ``p_pre`` the pretrained model (frozen), the student ``p_theta`` (trained) and the
+    teacher ``p_out`` (Alg. 1's roll-out policy: draws the next states whose values weight the distillation; a copy
+    of the student refreshed every ``refresh_interval`` iterations).
+    """
+
+    key_prefix: ClassVar[str] = "VIDDConfig."  # how error messages name a field (the experiment: "experiment.")
+
+    alpha: float = 0.1  # temperature of the soft-optimal policy (reward units)
+    beta: float = 1.0  # probability that a roll-in batch comes from the teacher (else from p_pre)
+    refresh_interval: int | None = 5  # K: copy the student into the teacher every K iterations; None = never
+    timesteps_per_trajectory: int | None = 4  # random roll-in steps distilled per trajectory; None = all T
+    batch_size: int = 32  # roll-in trajectories (VIDD) / sampled trajectories (DDPO) per iteration
+    max_iterations: int = 100  # cap; runs normally stop when the budget is spent
+    query_budget: int | None = None  # distinct sequences sent to the oracle; training stops before exceeding it
+    lr: float = 1e-4
+    updates_per_batch: int = 1  # gradient steps per collected batch; the weights do not depend on theta,
+    # so re-using a batch needs no importance correction (1 = the paper)
+    adam_eps: float = 1e-8
+    grad_clip: float = 1.0
+    num_sampling_steps: int = 32  # T of the ancestral sampler used for roll-ins
+    value_model: Literal["teacher", "student"] = "teacher"  # Alg. 1 values with p_out; the DNA code with the student
+    # x0hat for v(x) = r(x0hat(x)): "one_step" argmax (Alg. 1, DNA code) or "greedy" iterative decoding
+    # with greedy_tokens_per_step tokens per pass (protein code); both cost one reward query per state
+    value_estimator: Literal["one_step", "greedy"] = "one_step"
+    greedy_tokens_per_step: int = 4
+    # v(xbar_{t-1}): "denoised" = same estimator as v(x_t) (Alg. 1); "completion" = r(x0) of one completion
+    # x0 ~ p_out(. | xbar_{t-1}), unbiased for exp(v*/alpha) (released protein code)
+    next_value: Literal["denoised", "completion"] = "denoised"
+    max_log_weight: float | None = None  # clamp (v_next - v_cur) / alpha from above; None = exact weights
+    # divide the weights by their mean within each reverse step t of the batch (a per-step self-normalized
+    # estimate: with exact soft values E[w | x_t] = 1; estimated values are biased per step, and one batch-wide
+    # constant would change nothing under Adam)
+    self_normalize_weights: bool = False
+    # control variate (not in the paper): write w = 1 + (w - 1) and replace the "1" part, plain MLE on
+    # p_out's samples, by its exact expectation q * sum_masked CE(p_out(x0|x_t), p_theta(x0|x_t)); the
+    # expected gradient is unchanged, the sampling noise that makes the student drift is removed. Only valid
+    # when the weights average 1 per state, hence it requires self_normalize_weights
+    exact_teacher_term: bool = False
+    # DDPO baseline
+    ddpo_clip: float = 0.2
+    ddpo_inner_steps: int = 2
+    ddpo_lr: float | None = None  # None = lr
+    # best-of-N baseline: number of selected outputs; N = query_budget // best_of_n_outputs
+    best_of_n_outputs: int = 64
+    eval_every: int = 0  # evaluate every this many iterations (0: only at the end)
+
+    def __post_init__(self) -> None:
+        check = self._check
+        check(self.alpha > 0, "alpha", "must be > 0")
+        check(0.0 <= self.beta <= 1.0, "beta", "must lie in [0, 1]")
+        check(self.refresh_interval is None or self.refresh_interval >= 1, "refresh_interval", "must be >= 1 or None")
+        for name in ("batch_size", "max_iterations", "num_sampling_steps", "updates_per_batch", "ddpo_inner_steps",
+                     "best_of_n_outputs", "greedy_tokens_per_step"):
+            check(getattr(self, name) >= 1, name, "must be >= 1")
+        check(self.timesteps_per_trajectory is None or 1 <= self.timesteps_per_trajectory <= self.num_sampling_steps,
+              "timesteps_per_trajectory", f"must lie in [1, num_sampling_steps={self.num_sampling_steps}] or be None")
+        check(self.query_budget is None or self.query_budget >= 1, "query_budget", "must be >= 1 or None")
+        for name in ("lr", "grad_clip", "ddpo_clip"):
+            check(getattr(self, name) > 0, name, "must be > 0")
+        check(self.ddpo_lr is None or self.ddpo_lr > 0, "ddpo_lr", "must be > 0 or None")
+        check(self.value_estimator in ("one_step", "greedy"), "value_estimator", "must be 'one_step' or 'greedy'")
+        check(self.next_value in ("denoised", "completion"), "next_value", "must be 'denoised' or 'completion'")
+        check(self.value_model in ("teacher", "student"), "value_model", "must be 'teacher' or 'student'")
+        # the control variate assumes weights of mean 1; estimated values give means of 10-20 on molecules
+        check(self.self_normalize_weights or not self.exact_teacher_term, "exact_teacher_term",
+              "needs self_normalize_weights=True")
+        check(self.eval_every >= 0, "eval_every", "must be >= 0 (0 = only at the end)")
+
+    def _check(self, ok: bool, key: str, rule: str) -> None:
+        if not ok:
+            raise ValueError(f"{self.key_prefix}{key}: {rule}, got {getattr(self, key)!r}")
+
+    @property
+    def steps_per_trajectory(self) -> int:
+        return self.timesteps_per_trajectory or self.num_sampling_steps
+
+    def for_method(self, method: str) -> "VIDDConfig":
+        """The settings ``method`` runs with: standard fine-tuning is VIDD with roll-ins from p_pre and a teacher that
+        stays p_pre (one-shot distillation of p_pre's soft-optimal policy); DDPO trains at ``ddpo_lr``."""
+        if method not in METHODS:
+            raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+        if method == "standard_ft":
+            return dataclasses.replace(self, beta=0.0, refresh_interval=None)
+        if method == "ddpo":
+            return dataclasses.replace(self, lr=self.ddpo_lr or self.lr)
+        return self

@@ -1,0 +1,87 @@
+"""The shared pool's shape: worker groups (one per resource shape) and the pool's bounds.
+
+The top-level fields describe the ``default`` group, which every sampler can use; ``groups`` adds named groups of
+another shape, e.g. GPU workers for diffusion models and LMs beside CPU workers for MuJoCo env shards (verl's
+resource pools). A sampler type declares the group it wants when it is registered; a pool without that group runs
+it in ``default``, so a laptop keeps one small group.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any
+
+DEFAULT_GROUP = "default"
+
+
+@dataclass
+class WorkerGroup:
+    num_workers: int = 2
+    num_cpus: float = 0.5  # fractional by default: on 2 cores the pool must leave room for learners and trials
+    num_gpus: float = 0.0
+    slots_per_worker: int = 1  # concurrent requests per worker (threads; for samplers that release the GIL)
+    torch_threads: int = 1
+    # Placement over nodes: DEFAULT (Ray packs, then spreads) or SPREAD (one worker per node first, so a node that
+    # leaves takes few workers with it); ``resources`` are custom resources each worker needs (e.g. {"sampler": 1}
+    # to keep samplers on nodes started with --resources='{"sampler": 8}').
+    strategy: str = "DEFAULT"
+    resources: dict[str, float] = field(default_factory=dict)
+
+    def check(self, where: str) -> None:
+        if self.num_workers < 1:
+            raise ValueError(f"{where}.num_workers: must be >= 1, got {self.num_workers}")
+        if self.num_cpus < 0 or self.num_gpus < 0:
+            raise ValueError(f"{where}.num_cpus/num_gpus: must be >= 0, got {self.num_cpus}/{self.num_gpus}")
+        if self.num_gpus > 1 and self.num_gpus != int(self.num_gpus):
+            raise ValueError(f"{where}.num_gpus: fractions must fit one GPU (<= 1) or be whole, got {self.num_gpus}")
+        if self.slots_per_worker < 1:
+            raise ValueError(f"{where}.slots_per_worker: must be >= 1, got {self.slots_per_worker}")
+        if self.torch_threads < 1:
+            raise ValueError(f"{where}.torch_threads: must be >= 1, got {self.torch_threads}")
+        if self.strategy not in ("DEFAULT", "SPREAD"):
+            raise ValueError(f"{where}.strategy: must be DEFAULT or SPREAD, got {self.strategy!r}")
+        bad = {k: v for k, v in self.resources.items() if not isinstance(v, (int, float)) or v < 0}
+        if bad:
+            raise ValueError(f"{where}.resources: amounts must be numbers >= 0, got {bad}")
+
+    def resources_per_worker(self) -> dict[str, float]:
+        out = {"CPU": self.num_cpus, **self.resources}
+        if self.num_gpus:
+            out["GPU"] = self.num_gpus
+        return out
+
+
+_GROUP_KEYS = {f.name for f in fields(WorkerGroup)}
+
+
+@dataclass
+class PoolConfig(WorkerGroup):
+    name: str = "orrery-pool"
+    groups: dict[str, Any] = field(default_factory=dict)  # named groups: {gpu: {num_workers: 4, num_gpus: 0.25}}
+    revive_timeout_s: float = 60.0
+    max_retries: int = 2  # worker deaths one request may cause before it fails with a SamplerError
+    ready_timeout_s: float = 120.0  # attach fails, naming the resources, when workers are not placed by then
+    max_samplers_per_worker: int = 16  # LRU bounds of each worker's caches (runs that crashed never release)
+    max_weights_per_worker: int = 8
+    max_published_keys: int = 256  # weights keys the manager keeps (least recently used first out)
+
+    def __post_init__(self) -> None:
+        self.check("pool")
+        for name, group in self.groups.items():
+            if name == DEFAULT_GROUP:
+                raise ValueError(f"pool.groups.{name}: the default group is the pool's top-level keys")
+            unknown = sorted(set(group) - _GROUP_KEYS) if isinstance(group, dict) else ["(not a mapping)"]
+            if unknown:
+                raise ValueError(f"pool.groups.{name}.{unknown[0]}: unknown key (valid: {', '.join(sorted(_GROUP_KEYS))})")
+            WorkerGroup(**group).check(f"pool.groups.{name}")
+        for key in ("max_retries",):
+            if getattr(self, key) < 0:
+                raise ValueError(f"pool.{key}: must be >= 0, got {getattr(self, key)}")
+        for key in ("max_samplers_per_worker", "max_weights_per_worker", "max_published_keys"):
+            if getattr(self, key) < 1:
+                raise ValueError(f"pool.{key}: must be >= 1, got {getattr(self, key)}")
+        if self.ready_timeout_s <= 0 or self.revive_timeout_s <= 0:
+            raise ValueError("pool.ready_timeout_s/revive_timeout_s: must be > 0")
+
+    def worker_groups(self) -> dict[str, WorkerGroup]:
+        default = WorkerGroup(**{k: v for k, v in asdict(self).items() if k in _GROUP_KEYS})
+        return {DEFAULT_GROUP: default, **{name: WorkerGroup(**g) for name, g in self.groups.items()}}

@@ -1,0 +1,96 @@
+"""The ``attnrl`` experiment's section: which methods, the task, model, SFT and RL settings, evaluation cadence.
+
+The nested sections are plain dicts here and become the typed configs of ``envs``/``algos`` on demand, so a key
+left ``null`` in the YAML keeps that dataclass's default.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from algos.attnrl.config import METHODS
+
+
+@dataclass
+class Config:
+    method: str = "attnrl"  # single-method run (used when ``methods`` is empty)
+    methods: list[str] = field(default_factory=list)  # compare mode: each method in turn from the same SFT model
+    task: dict = field(default_factory=dict)  # envs.reasoning.task.ReasoningTaskConfig fields
+    model: dict = field(default_factory=dict)  # algos.attnrl.gpt.GPTConfig fields (vocab_size comes from the task)
+    sft: dict = field(default_factory=dict)  # algos.attnrl.sft.SFTConfig fields
+    rl: dict = field(default_factory=dict)  # algos.attnrl.config.RLConfig fields; rl.ads: AdaptiveSamplingConfig
+    hf_model: str | None = None  # local Hugging Face causal-LM dir (eager attention) instead of the char GPT
+    sft_model: str | None = None  # a saved SFT model (<run>/sft_model.pt) to start from, skipping SFT
+    eval_problems_per_difficulty: int = 16
+    eval_every_updates: int = 5
+    checkpoint_every_updates: int = 20
+    requests_per_worker: int = 1  # each generation call is split into pool.num_workers * this pool requests
+    sampler_max_batch: int | None = None  # rollouts decoded together in a worker (None: the whole request)
+    autocast_bf16: bool = False
+    eval_seed: int = 12345
+
+    def __post_init__(self) -> None:
+        if self.method not in METHODS:
+            raise ValueError(f"experiment.method: must be one of {list(METHODS)}, got {self.method!r}")
+        bad = [m for m in self.methods if m not in METHODS]
+        if bad or len(set(self.methods)) != len(self.methods):
+            raise ValueError(f"experiment.methods: distinct entries of {list(METHODS)}, got {self.methods}")
+        for key in ("eval_problems_per_difficulty", "eval_every_updates", "checkpoint_every_updates",
+                    "requests_per_worker"):
+            if getattr(self, key) < 1:
+                raise ValueError(f"experiment.{key}: must be >= 1, got {getattr(self, key)}")
+        if self.sampler_max_batch is not None and self.sampler_max_batch < 1:
+            raise ValueError(f"experiment.sampler_max_batch: must be >= 1 or null, got {self.sampler_max_batch}")
+        for key in ("hf_model", "sft_model"):
+            path = getattr(self, key)
+            if path is not None and not Path(path).exists():
+                raise FileNotFoundError(f"experiment.{key}: {path} does not exist")
+
+    @property
+    def run_methods(self) -> list[str]:
+        return list(self.methods) or [self.method]
+
+    def task_config(self):
+        from envs.reasoning.task import ReasoningTaskConfig
+        return _typed(ReasoningTaskConfig, self.task, "experiment.task")
+
+    def gpt_config(self, vocab_size: int):
+        from algos.attnrl.gpt import GPTConfig
+        return _typed(GPTConfig, {**self.model, "vocab_size": vocab_size}, "experiment.model")
+
+    def sft_config(self):
+        from algos.attnrl.sft import SFTConfig
+        return _typed(SFTConfig, self.sft, "experiment.sft")
+
+    def rl_config(self, method: str, seed: int):
+        """RLConfig for ``method``; rl.ads keys left null keep the method's default (AttnRL: all ADS parts on)."""
+        from algos.attnrl.config import AdaptiveSamplingConfig, RLConfig
+        rl = {k: v for k, v in self.rl.items() if v is not None and k != "ads"}
+        cfg = _typed(RLConfig, {"seed": seed, **rl}, "experiment.rl")
+        ads_over = {k: v for k, v in (self.rl.get("ads") or {}).items() if v is not None}
+        if ads_over:
+            base = cfg.resolved(method).ads
+            cfg.ads = _typed(AdaptiveSamplingConfig, {**dataclasses.asdict(base), **ads_over}, "experiment.rl.ads")
+        return cfg
+
+
+def _typed(cls, data: dict, prefix: str):
+    from experiments.config import from_dict
+    return from_dict(cls, {k: v for k, v in (data or {}).items() if v is not None}, prefix)
+
+
+def check(exp: Config, raw: dict) -> None:
+    from experiments.config import ConfigError
+    exp.task_config(), exp.sft_config()
+    for m in exp.run_methods:
+        exp.rl_config(m, 0)
+    if exp.hf_model is None:
+        from envs.reasoning.task import CharTokenizer
+        exp.gpt_config(CharTokenizer().vocab_size)
+    train = raw.get("train") or {}
+    if int(train.get("num_workers", 1)) != 1:
+        # algos.attnrl.train.train is one sequential pipeline (tree building, adaptive batch, off-policy schedule);
+        # splitting its PPO mini-batches over DDP ranks would give ranks different numbers of backward passes.
+        raise ConfigError("train.num_workers: the AttnRL learner runs on one Train worker (got "
+                          f"{train.get('num_workers')}); scale rollouts with pool.num_workers instead")

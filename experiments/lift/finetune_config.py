@@ -1,0 +1,139 @@
+"""``experiment.*`` of lift_finetune: the methods, the task's default change, LIFT's finetune SAC coefficients, the
+loop's sizes and schedules, and the checks against the rest of the config (the task, the pretraining run's files)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+METHODS = ("lift", "sac_finetune", "mbpo_wm")
+FINETUNE_TASKS = ("inverted_pendulum", "walker2d", "half_cheetah", "humanoid_state")
+# A change per task where the pretrained policy clearly loses return. InvertedPendulum (a policy at 1000): gravity x4
+# -> 236 zero-shot, a state-dependent force the residual can learn from deterministic data; gear x0.4 -> 454 is
+# harder for a model fed only deterministic actions (see benchmarks/RESULTS.md).
+DEFAULT_CHANGES: dict[str, dict] = {
+    "inverted_pendulum": {"name": "gravity", "scale": 4.0},
+    "walker2d": {"name": "friction", "scale": 0.4},
+    "half_cheetah": {"name": "friction", "scale": 0.4},
+    "humanoid_state": {"name": "mass", "scale": 1.4},
+}
+# LIFT's finetune_sac_config (reference card §3.2).
+FINETUNE_SAC = dict(actor_lr=2e-4, critic_lr=2e-4, alpha_lr=3e-4, gamma=0.99, tau=0.001, init_log_alpha=-7.13,
+                    target_entropy_coef=0.5, batch_size=256)
+
+
+@dataclass
+class Config:
+    pretrain_run: str | None = None  # run directory of lift_pretrain (policy.pt, agent.pt, data/replay-rank*)
+    change: dict | None = None  # envs.control.changes spec; None = DEFAULT_CHANGES[task]
+    method: str = "lift"
+    methods: list[str] = field(default_factory=list)  # compare mode when non-empty
+    epochs: int = 6
+    real_steps_per_epoch: int = 1000
+    prefill_steps: int = 1000  # LIFT: 1000 deterministic steps before the first epoch
+    num_real_envs: int = 4  # envs behind the real-env interface (>= 2 so the model's hold-out has whole episodes)
+    rollout_batch: int = 400  # start states per branch (LIFT 400)
+    horizon_schedule: list[int] = field(default_factory=lambda: [0, 4, 1, 5])  # LIFT [0, 10, 1, 20]
+    hupt_schedule: list[int] = field(default_factory=lambda: [0, 4, 10, 40])  # LIFT [0, 4, 10, 1000]
+    updates_per_rollout: int = 20  # SAC steps per branch (LIFT 20)
+    real_ratio: float = 0.06
+    model_buffer_capacity: int = 100_000  # LIFT min(HUPT*400*H, 400k)
+    env_buffer_capacity: int = 60_000
+    sac: dict = field(default_factory=dict)  # overrides of FINETUNE_SAC (actor_lr, critic_lr, ..., batch_size)
+    load_optimizer_state: bool = True
+    # LIFT resets the temperature to e^init_log_alpha; true keeps the pretrained one (and its Adam state). With a small
+    # pretraining (α ≈ 1e-2, not LIFT's ≈ 8e-4) the reset changes the soft targets at once: the early dip (§3.4).
+    load_alpha: bool = False
+    # LIFT's order retrains the model before collecting the epoch's real steps (it lags one epoch, harmless with a
+    # 1000-step prefill and 1000-step epochs); false collects first, so with small epochs and no prefill the rollouts of
+    # epoch e already branch from a model that has seen epoch e's data.
+    wm_retrain_first: bool = True
+    # Our pretraining statistics rest on 1e4-1e5 samples, not LIFT's 4e7: folding ~1e3 changed-env observations into
+    # them moves the policy's input a lot (InvertedPendulum gear x0.4: 454 -> 84 zero-shot from that alone). Off
+    # by default: the pretrained normalizer is kept. Likewise the world model keeps its stage-2 scalers.
+    update_normalizer: bool = False
+    wm_refit_scalers: bool = False
+    baseline_updates_per_step: float = 1.0  # sac_finetune: SAC steps per real transition
+    baseline_chunk_steps: int = 100  # sac_finetune: real transitions per request between update bursts
+    wm_hidden: list[int] = field(default_factory=lambda: [200, 200, 200])  # LIFT 4 x 400
+    wm_prior_mode: str = "frozen"  # "substep" for HalfCheetah
+    wm_pretrain_steps: int = 1500
+    wm_pretrain_rows: int = 50_000  # newest pretraining transitions used for stage 2
+    wm_retrain_steps: int = 600
+    wm_loss_horizon: int = 4  # LIFT finetuning: 4
+    wm_eval_every: int = 100
+    wm_patience: int = 6
+    wm_min_improvement: float = 0.01
+    blackbox_ensemble_size: int = 5
+    eval_episodes: int = 5
+    device: str = "auto"
+
+    def __post_init__(self) -> None:
+        from algos.lift.finetune import LinearSchedule
+        self.methods = list(self.methods)
+        for m in [self.method, *self.methods]:
+            if m not in METHODS:
+                raise ValueError(f"experiment.method: unknown method {m!r} (choose from {', '.join(METHODS)})")
+        for key in ("epochs", "real_steps_per_epoch", "num_real_envs", "rollout_batch", "updates_per_rollout",
+                    "model_buffer_capacity", "env_buffer_capacity", "baseline_chunk_steps", "wm_pretrain_steps",
+                    "wm_pretrain_rows", "wm_retrain_steps", "wm_loss_horizon", "wm_eval_every", "wm_patience",
+                    "blackbox_ensemble_size", "eval_episodes"):
+            if getattr(self, key) < 1:
+                raise ValueError(f"experiment.{key}: must be >= 1, got {getattr(self, key)}")
+        if self.prefill_steps < 0:
+            raise ValueError(f"experiment.prefill_steps: must be >= 0, got {self.prefill_steps}")
+        if not 0.0 <= self.real_ratio <= 1.0:
+            raise ValueError(f"experiment.real_ratio: must be in [0, 1], got {self.real_ratio}")
+        if self.baseline_updates_per_step <= 0:
+            raise ValueError(f"experiment.baseline_updates_per_step: must be > 0, got {self.baseline_updates_per_step}")
+        if self.wm_prior_mode not in ("frozen", "substep"):
+            raise ValueError(f"experiment.wm_prior_mode: 'frozen' or 'substep', got {self.wm_prior_mode!r}")
+        unknown = sorted(set(self.sac) - set(FINETUNE_SAC))
+        if unknown:
+            raise ValueError(f"experiment.sac.{unknown[0]}: unknown key (valid: {', '.join(sorted(FINETUNE_SAC))})")
+        for name in ("horizon_schedule", "hupt_schedule"):
+            LinearSchedule.from_list(getattr(self, name), f"experiment.{name}")
+
+    def method_list(self) -> list[str]:
+        return self.methods or [self.method]
+
+    def finetune_sac(self) -> dict:
+        return {**FINETUNE_SAC, **{k: v for k, v in self.sac.items() if v is not None}}
+
+
+def task_of(raw: dict) -> str:
+    from experiments.lift.driver_common import env_task
+    return env_task(raw, FINETUNE_TASKS, "lift_finetune needs a MuJoCo task with a physics prior and task reward")
+
+
+def pretrain_files(pretrain_run: str | None) -> dict[str, Path]:
+    """policy.pt, agent.pt and the replay Parquet folders of a lift_pretrain run, or ConfigError naming what is missing."""
+    from experiments.config import ConfigError
+    if not pretrain_run:
+        raise ConfigError("experiment.pretrain_run: missing; pass the run directory of a lift_pretrain run "
+                          "(experiment.pretrain_run=runs/lift_pretrain/<run>)")
+    run = Path(pretrain_run).expanduser()
+    if not run.is_dir():
+        raise ConfigError(f"experiment.pretrain_run: {run} is not a directory")
+    missing = [name for name in ("policy.pt", "agent.pt") if not (run / name).is_file()]
+    replay = sorted((run / "data").glob("replay-rank*"))
+    if not replay or not any(replay[0].glob("*.parquet")):
+        missing.append("data/replay-rank*/ (Parquet replay)")
+    if missing:
+        raise ConfigError(f"experiment.pretrain_run: {run} lacks {', '.join(missing)}; is it a finished lift_pretrain "
+                          f"run (physics_state=true)?")
+    return {"policy": run / "policy.pt", "agent": run / "agent.pt", "replay": replay}
+
+
+def check(exp: Config, raw: dict) -> None:
+    from envs.control.changes import parse_changes
+    from experiments.config import ConfigError
+    task = task_of(raw)
+    pretrain_files(exp.pretrain_run)
+    change = exp.change or DEFAULT_CHANGES[task]
+    try:
+        changes = parse_changes(change)
+    except ValueError as err:
+        raise ConfigError(f"experiment.change: {err}") from None
+    if any(c.name == "target_velocity" for c in changes):
+        raise ConfigError("experiment.change: target_velocity needs a command-conditioned pretraining; use a physics "
+                          "change (friction, mass, gear, gravity)")

@@ -1,0 +1,113 @@
+"""What the two LIFT learners (stage 1 pretraining, stage 3 finetuning) share inside a Ray Train worker.
+
+Every rank drives its own env shard through the pool and keeps its own replay; the policy stays identical on all
+ranks because SAC gradients are averaged (DDP) and the observation normalizer merges every rank's batch. Rank 0
+publishes the policy, evaluates it, logs the metrics and collects every rank's checkpoint file. A checkpoint is a
+plain dict per rank (``torch.load(..., weights_only=True)`` reads it) with the rank's ``Journal`` parts, so a
+resumed learner drops the Parquet rows and metric rows written after it.
+"""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from algos.lift.agent import SACAgent
+from algos.nets import unwrap
+from algos.normalizer import RunningNormalizer
+from cluster import ddp
+from experiments.lift.driver_common import evaluate_policy
+
+
+def learner_device(setting: str) -> torch.device:
+    """``auto``: this Train worker's device (its GPU if there is one); otherwise the named device."""
+    return ddp.device() if setting == "auto" else torch.device(setting)
+
+
+def env_dims(task: str) -> tuple[int, int]:
+    """(observation size, action size) of the task's env."""
+    from envs.control.tasks import make_env
+    probe = make_env(task)
+    dims = probe.observation_space.shape[0], probe.action_space.shape[0]
+    probe.close()
+    return dims
+
+
+def sync_normalizer(normalizer: RunningNormalizer, obs: np.ndarray) -> None:
+    """Merge a batch into the normalizer with the statistics of every rank's batch (identical on all ranks)."""
+    x = torch.as_tensor(obs, dtype=torch.float64).reshape(-1, *normalizer.shape)
+    moments = torch.stack([torch.full_like(x[0], float(len(x))), x.sum(0), x.square().sum(0)])
+    ddp.all_reduce_mean_([moments])
+    moments *= ddp.world_size()
+    n = moments[0][0] if moments.ndim > 1 else moments[0]
+    mean = moments[1] / n
+    var = (moments[2] / n - mean.square()).clamp_min(0.0)
+    normalizer.merge_({"mean": mean, "var": var, "count": n})
+
+
+def publish(pool: Any, policy_key: str, agent: SACAgent) -> None:
+    """Rank 0 publishes the current policy; every rank waits, so no rank collects with an older one."""
+    if ddp.rank() == 0:
+        pool.publish(policy_key, agent.policy_state())
+    ddp.barrier()
+
+
+def evaluate_on_rank0(pool: Any, policy_key: str, env_config: dict, episodes: int, seed: int,
+                      affinity: list[int] | None = None) -> float:
+    """Rank 0 evaluates (``evaluate_policy``) and shares the value, so every rank takes the same decisions."""
+    value = float("nan")
+    if ddp.rank() == 0:
+        value = evaluate_policy(pool, policy_key, env_config, episodes, seed, affinity)
+    shared = torch.tensor([value], dtype=torch.float64)
+    ddp.broadcast_([shared], src=0)
+    return float(shared.item())
+
+
+def load_checkpoint(ckpt: Path | None) -> dict[str, Any] | None:
+    """This rank's state in the checkpoint being resumed, or None on a fresh start."""
+    if ckpt is None:
+        return None
+    return torch.load(ckpt / f"rank{ddp.rank()}.pt", weights_only=True)
+
+
+def save_checkpoint(d: Path, state: dict[str, Any], agent: SACAgent, metrics: dict[str, Any]) -> None:
+    """Write this rank's ``state`` (and, on rank 0, the policy) into ``d``, gather every rank's file into rank 0's
+    directory and report ``metrics`` with it as a Ray Train checkpoint."""
+    rank = ddp.rank()
+    torch.save(state, d / f"rank{rank}.pt")
+    if rank == 0:
+        torch.save(agent.policy_state(), d / "policy.pt")
+    _gather_rank_files(d, rank)
+    ddp.report(reportable(metrics), checkpoint_dir=d)
+
+
+def _gather_rank_files(d: Path, rank: int) -> None:
+    """Only rank 0's directory becomes the checkpoint: ranks > 0 send their files through torch.distributed."""
+    if ddp.world_size() == 1:
+        return
+    import torch.distributed as dist
+    payload = (d / f"rank{rank}.pt").read_bytes()
+    gathered: list[Any] = [None] * ddp.world_size()
+    dist.all_gather_object(gathered, payload)
+    if rank == 0:
+        for r, data in enumerate(gathered):
+            (d / f"rank{r}.pt").write_bytes(data)
+
+
+def reportable(row: dict[str, Any]) -> dict[str, float]:
+    """The finite numbers of a metrics row (what Ray Train reports)."""
+    return {k: float(v) for k, v in row.items() if isinstance(v, (int, float)) and math.isfinite(float(v))}
+
+
+def param_divergence(agent: SACAgent) -> float:
+    """Largest parameter difference between this rank and rank 0 (0 when DDP keeps them identical)."""
+    flat = torch.cat([p.detach().flatten().double() for m in (agent.actor, agent.critic)
+                      for p in unwrap(m).parameters()])
+    ref = flat.clone()
+    ddp.broadcast_([ref], src=0)
+    diff = (flat - ref).abs().max().reshape(1)
+    ddp.all_reduce_mean_([diff])  # mean of non-negative diffs is 0 iff all are 0
+    return float(diff.item()) * ddp.world_size()

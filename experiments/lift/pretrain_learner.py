@@ -1,0 +1,217 @@
+"""LIFT stage 1 learner: one Ray Train worker (rank) of the large-batch, high-UTD SAC pretraining.
+
+One round (LIFT's training step, per rank):
+    1. take the transitions of the round in flight (``steps_per_round`` vectorised steps of every env shard of this
+       rank, acted by the policy version published before the previous updates) and immediately send the next
+       round to the pool, so acting overlaps learning (``overlap=true``; the policy lag is reported);
+    2. merge the new observations into the normalizer (all ranks pool their statistics: identical normalizers),
+       append them to the replay ring and, in chunks, to Parquet (stage 2 trains the world model from it);
+    3. ``steps_per_round * utd`` SAC updates (G per vectorised env step) at batch B; DDP all-reduces gradients;
+    4. rank 0 publishes the new policy version to the pool; evaluation, metrics and checkpoints on schedule.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from algos.lift.agent import SACAgent
+from algos.lift.replay import ReplayBuffer, transition_fields
+from algos.lift.sac import update
+from cluster import ddp
+from cluster.journal import Journal
+from cluster.metrics import MetricsLogger, Progress
+from cluster.store import ParquetStore
+from envs.control.tasks import MUJOCO_TASKS
+from experiments.lift.learner_common import (env_dims, evaluate_on_rank0, learner_device, load_checkpoint,
+                                             param_divergence, publish, reportable, save_checkpoint, sync_normalizer)
+from experiments.lift.pretrain_config import Config
+from experiments.registry import attach_pool
+
+log = logging.getLogger(__name__)
+
+
+def train_fn(config: dict) -> None:
+    """Rounds of collect -> remember -> update -> publish until the env-step budget (or ``stop_return``)."""
+    learner = PretrainLearner(config)
+    learner.start()
+    while not learner.done:
+        batch, lag = learner.take_round()  # 1.
+        learner.remember(batch)  # 2.
+        train_metrics = learner.update()  # 3.
+        learner.publish()  # 4.
+        if not learner.exp.overlap:
+            learner.send_round()  # the next round acts with the policy just published
+        learner.end_round(lag, train_metrics)
+    learner.close()
+
+
+class PretrainLearner:
+    """This rank's SAC agent (identical on every rank), replay ring, Parquet replay and env shards on the pool."""
+
+    def __init__(self, config: dict) -> None:
+        ddp.set_threads(config["torch_threads"])
+        ddp.quiet_logs()
+        self.exp = exp = Config(**config["experiment"])
+        self.sac = sac = exp.sac_config()
+        self.rank, world = ddp.rank(), ddp.world_size()
+        self.seed = seed = config["seed"]
+        run_path = Path(config["run_path"])
+        device = learner_device(exp.device)
+        obs_dim, act_dim = env_dims(config["task"])
+        torch.manual_seed(seed)  # same initial weights and target critic on every rank
+        self.agent = SACAgent(obs_dim, act_dim, sac, device=device)
+        self.buffer = ReplayBuffer(sac.replay_capacity, transition_fields(obs_dim, act_dim), device=device)
+        self.replay = ParquetStore(run_path / "data" / f"replay-rank{self.rank}")
+        self.unsaved: list[dict[str, np.ndarray]] = []  # transitions not yet in a Parquet part
+        self.metrics = MetricsLogger(run_path, flush_every=20) if self.rank == 0 else None
+        self.journal = Journal(run_path, [self.replay], metrics=self.metrics)
+        self.sample_gen = torch.Generator(device=device).manual_seed(seed * 7 + self.rank)
+        self.counters = {"env_steps": 0, "rounds": 0, "wall_s": 0.0, "resumed_from": -1}
+        self.run_path = run_path
+        self.resume()
+        self.agent.wrap(ddp.wrap_ddp)
+
+        self.pool = attach_pool(config["pool"])
+        self.policy_key = f"{config['run_id']}/policy"
+        self.shards = [self.rank * exp.num_shards + s for s in range(exp.num_shards)]
+        self.env_configs = [self.shard_config(config, g) for g in self.shards]
+        self.round_steps = world * sac.num_envs * exp.steps_per_round  # env steps of one round, all ranks
+        self.progress = (Progress(f"lift_pretrain rank{self.rank}", exp.total_env_steps, "env steps")
+                         if self.rank == 0 else None)
+        self.done = self.counters["env_steps"] >= exp.total_env_steps
+
+    def shard_config(self, config: dict, shard: int) -> dict[str, Any]:
+        """The pool sampler config of one env shard (``sac.num_envs / num_shards`` envs, seeded by shard)."""
+        task = config["task"]
+        return {"task": task, "num_envs": self.sac.num_envs // self.exp.num_shards,
+                "seed": self.seed * 1000 + shard, "physics_state": self.exp.physics_state and task in MUJOCO_TASKS,
+                "run": config["run_id"], "shard": shard, "change": config.get("change")}
+
+    def resume(self) -> None:
+        with ddp.latest_checkpoint() as ckpt:
+            state = load_checkpoint(ckpt)
+        if state is None:
+            return
+        self.agent.load_state_dict(state["agent"])
+        self.buffer.load_state_dict(state["buffer"])
+        self.counters = state["counters"]
+        self.sample_gen.set_state(state["sample_gen"])
+        self.counters["resumed_from"] = self.counters["env_steps"]
+        removed = self.journal.rollback(state["journal"])
+        log.info("rank %d resumed at %d env steps, %d updates, buffer %d (dropped %d Parquet parts written "
+                 "after the checkpoint)", self.rank, self.counters["env_steps"], self.agent.num_updates,
+                 len(self.buffer), removed)
+
+    def start(self) -> None:
+        """Publish the starting policy and send the first round."""
+        self.publish()
+        self.send_round(first=True)
+        steps = self.counters["env_steps"]
+        self.last_eval = steps - self.exp.eval_every_steps if steps == 0 else steps  # a fresh run evaluates at once
+        self.last_checkpoint_updates = self.agent.num_updates
+        self.started = time.perf_counter() - self.counters["wall_s"]
+        self.eval_return = float("nan")
+        self.episode_returns: list[float] = []
+        self.falls = 0
+
+    def publish(self) -> None:
+        publish(self.pool, self.policy_key, self.agent)
+
+    def send_round(self, first: bool = False) -> None:
+        """Ask every shard of this rank for ``steps_per_round`` vectorised steps with the latest policy."""
+        # one request per shard; shard g always goes to the same pool worker (its envs live there)
+        requests = [{"steps": self.exp.steps_per_round,
+                     **({"reset_seed": c["seed"] + self.counters["env_steps"]} if first else {})}
+                    for c in self.env_configs]
+        self.pending = [self.pool.submit("env", [r], config=c, weights=self.policy_key, affinity=[g])
+                        for r, c, g in zip(requests, self.env_configs, self.shards)]
+
+    def take_round(self) -> tuple[dict[str, np.ndarray], int]:
+        """1. The round in flight, every shard's transitions in one batch, and its policy lag in updates."""
+        results = [p.result()[0] for p in self.pending]
+        if self.exp.overlap:
+            self.send_round()  # acted by the policy of the previous round: learning overlaps acting
+        batch = {k: np.concatenate([r["transitions"][k] for r in results]) for k in results[0]["transitions"]}
+        lag = self.agent.num_updates - min(int(r["policy_updates"]) for r in results)
+        for r in results:
+            self.episode_returns.extend(r["episode_returns"].tolist())
+            self.falls += int(r["terminations"])
+        return batch, lag
+
+    def remember(self, batch: dict[str, np.ndarray]) -> None:
+        """2. Normalizer statistics (merged over ranks), replay ring, and Parquet once a chunk is full."""
+        sync_normalizer(self.agent.obs_normalizer, batch["obs"])
+        self.buffer.add({k: batch[k] for k in self.buffer.specs})
+        self.unsaved.append(batch)
+        if sum(len(b["reward"]) for b in self.unsaved) >= self.exp.parquet_chunk:
+            self.save_replay()
+        self.counters["env_steps"] += self.round_steps
+        self.counters["rounds"] += 1
+
+    def save_replay(self) -> None:
+        if self.unsaved:
+            self.replay.append({k: np.concatenate([b[k] for b in self.unsaved]) for k in self.unsaved[0]})
+            self.unsaved = []
+
+    def update(self) -> dict[str, float]:
+        """3. ``steps_per_round`` x G SAC steps at batch B, once the replay holds ``min_replay_size`` transitions."""
+        metrics: dict[str, float] = {}
+        n_updates, started = 0, time.perf_counter()
+        if len(self.buffer) >= self.sac.min_replay_size:
+            for _ in range(self.exp.steps_per_round):
+                metrics = update(self.agent, lambda n: self.buffer.sample(n, self.sample_gen), self.sac)
+                n_updates += self.sac.utd
+        return {"updates_per_s": n_updates / max(time.perf_counter() - started, 1e-9), **metrics}
+
+    def end_round(self, lag: int, train_metrics: dict[str, float]) -> None:
+        """Metrics of the round; evaluation, checkpoint and the stop decision on their schedules."""
+        exp, steps = self.exp, self.counters["env_steps"]
+        row = {"env_steps": steps, "updates": self.agent.num_updates, "buffer": len(self.buffer),
+               "policy_lag_updates": lag, "wall_s": time.perf_counter() - self.started,
+               "resumed_from": self.counters["resumed_from"], **train_metrics}
+        if self.episode_returns:
+            row["train_return"] = float(np.mean(self.episode_returns))
+            row["falls"] = self.falls
+            self.episode_returns, self.falls = [], 0
+        if steps - self.last_eval >= exp.eval_every_steps or steps >= exp.total_env_steps:
+            self.last_eval = steps
+            self.eval_return = evaluate_on_rank0(self.pool, self.policy_key,
+                                                 {**self.env_configs[0], "shard": -1, "physics_state": False},
+                                                 exp.eval_episodes, self.seed)
+            row["eval_return"] = self.eval_return
+        checkpoint_due = self.agent.num_updates - self.last_checkpoint_updates >= exp.checkpoint_every_updates
+        self.done = steps >= exp.total_env_steps or (exp.stop_return is not None
+                                                    and self.eval_return >= exp.stop_return)
+        if checkpoint_due or self.done:
+            self.save_replay()  # a checkpoint covers exactly the Parquet parts written so far
+        if self.done:
+            row["param_max_abs_diff"] = param_divergence(self.agent)
+        if self.metrics is not None:
+            self.metrics.log(steps, row)
+            self.progress.update(steps, eval_return=self.eval_return, updates=self.agent.num_updates)
+        if checkpoint_due or self.done:
+            self.checkpoint(row)
+        elif self.counters["rounds"] % 10 == 0:
+            ddp.report(reportable(row))
+
+    def checkpoint(self, row: dict[str, Any]) -> None:
+        self.counters["wall_s"] = time.perf_counter() - self.started
+        self.last_checkpoint_updates = self.agent.num_updates
+        state = {"agent": self.agent.state_dict(), "buffer": self.buffer.state_dict(), "counters": self.counters,
+                 "sample_gen": self.sample_gen.get_state(), "journal": self.journal.parts()}
+        with ddp.checkpoint_dir() as d:
+            save_checkpoint(d, state, self.agent, row)
+
+    def close(self) -> None:
+        """Wait for the round still in flight; rank 0 writes the final policy and agent (what stage 2-3 load)."""
+        for p in self.pending if self.exp.overlap else []:
+            p.result()
+        if self.metrics is not None:
+            self.metrics.close()
+            torch.save(self.agent.policy_state(), self.run_path / "policy.pt")
+            torch.save(self.agent.state_dict(), self.run_path / "agent.pt")

@@ -1,0 +1,102 @@
+"""``experiment.*`` of vidd_molecule, vidd_dna and vidd_protein: the task, its data and denoiser, evaluation, and the
+algorithm's own settings (every :class:`algos.vidd.config.VIDDConfig` field, under the same name)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import ClassVar, Literal
+
+from algos.vidd.config import METHODS, VIDDConfig
+
+TASK_OF_EXPERIMENT = {"vidd_molecule": "molecule", "vidd_dna": "dna", "vidd_protein": "protein"}
+REWARD_KINDS = {"molecule": ("qed", "sa", "composite"), "dna": ("motif",), "protein": ("beta_sheet",)}
+
+
+@dataclass
+class Config(VIDDConfig):
+    """Every VIDDConfig field and check (with the defaults of configs/experiment/vidd_*.yaml), plus the task, its
+    data, the denoiser, its pretraining and the evaluation."""
+
+    key_prefix: ClassVar[str] = "experiment."
+
+    task: str = "molecule"  # molecule | dna | protein (set by the experiment's yaml)
+    method: str = "vidd"
+    methods: list[str] = field(default_factory=list)  # compare mode when non-empty
+    pretrained: str | None = None  # a saved pretrained.pt (from an earlier run) to skip pretraining
+    fasta: str | None = None  # protein corpus; "demo" writes a small synthetic FASTA into the run dir
+    # data and reward
+    n_train: int = 4000
+    n_heldout: int = 200
+    seq_len: int = 40  # molecules: max SELFIES symbols; DNA: sequence length; proteins: max residues
+    reward: str = "qed"  # molecule: qed | sa | composite; dna: motif; protein: beta_sheet
+    sa_weight: float = 0.5  # composite = QED - sa_weight (SA - 1) / 9
+    dna_release: str = "JASPAR2024"
+    # denoiser and pretraining
+    d_model: int = 64
+    n_layers: int = 2
+    n_heads: int = 4
+    use_bf16: bool = False
+    pretrain_steps: int = 400
+    pretrain_batch_size: int = 64
+    pretrain_lr: float = 2e-3
+    # evaluation (every eval_every iterations and at the end; its oracle calls are outside the budget)
+    eval_samples: int = 64
+    nll_time_samples: int = 4
+    # VIDDConfig fields whose default differs here
+    num_sampling_steps: int = 8  # T
+    query_budget: int = 8192  # oracle queries per method (training; evaluation reported apart)
+    max_iterations: int = 200
+    timesteps_per_trajectory: int | None = None  # null = all T
+    lr: float = 1e-3
+    updates_per_batch: int = 4
+    self_normalize_weights: bool = True  # weights of mean 1 within each reverse step
+    next_value: Literal["denoised", "completion"] = "completion"  # completion: r of one completion of xbar
+    exact_teacher_term: bool = True  # control variate for the w = 1 part (needs self_normalize_weights)
+    eval_every: int = 5
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self.methods = list(self.methods)
+        check = self._check
+        check(self.task in TASK_OF_EXPERIMENT.values(), "task", "must be molecule, dna or protein")
+        for m in [self.method, *self.methods]:
+            if m not in METHODS:
+                raise ValueError(f"experiment.method: unknown method {m!r} (choose from {', '.join(METHODS)})")
+        check(len(set(self.methods)) == len(self.methods), "methods", "has duplicates")
+        check(self.reward in REWARD_KINDS[self.task], "reward",
+              f"{self.task} rewards are {', '.join(REWARD_KINDS[self.task])}")
+        for key in ("n_train", "n_heldout", "d_model", "n_layers", "n_heads", "pretrain_steps", "pretrain_batch_size",
+                    "eval_samples", "nll_time_samples"):
+            check(getattr(self, key) >= 1, key, "must be >= 1")
+        check(self.seq_len >= 2, "seq_len", "must be >= 2")
+        check(self.d_model % self.n_heads == 0, "d_model", f"must be divisible by n_heads={self.n_heads}")
+        check(self.pretrain_lr > 0, "pretrain_lr", "must be > 0")
+        check(self.query_budget >= self.best_of_n_outputs or "best_of_n" not in self.method_list(), "query_budget",
+              f"must be >= best_of_n_outputs={self.best_of_n_outputs} for best_of_n (one candidate per output)")
+        check(self.task != "dna" or self.seq_len >= 20, "seq_len", "DNA sequences need >= 20 bp")
+
+    def method_list(self) -> list[str]:
+        return self.methods or [self.method]
+
+
+def check(exp: Config, raw: dict) -> None:
+    """What the fields alone cannot say: the experiment's task, the pretrained model and the FASTA file on disk."""
+    from experiments.config import ConfigError
+    name = raw["experiment"].get("name")
+    if TASK_OF_EXPERIMENT.get(name, exp.task) != exp.task:
+        raise ConfigError(f"experiment.task: {name} runs task {TASK_OF_EXPERIMENT[name]!r}, got {exp.task!r}")
+    if exp.pretrained is not None and not Path(exp.pretrained).is_file():
+        raise ConfigError(f"experiment.pretrained: no such file {exp.pretrained!r} (a pretrained.pt of an earlier run)")
+    if exp.task == "protein":
+        if exp.fasta is None:
+            raise ConfigError("experiment.fasta: vidd_protein needs a FASTA path (or experiment.fasta=demo for a "
+                              "small generated set)")
+        if exp.fasta != "demo":
+            from envs.bio.protein import read_fasta
+            try:
+                seqs = read_fasta(exp.fasta)
+            except (FileNotFoundError, ValueError) as err:
+                raise ConfigError(f"experiment.fasta: {err}") from None
+            if not any(len(s) <= exp.seq_len for s in seqs):
+                raise ConfigError(f"experiment.fasta: no sequence fits seq_len={exp.seq_len} "
+                                  f"(shortest has {min(map(len, seqs))} residues)")
