@@ -585,13 +585,22 @@ def humanoid(total_env_steps: int, out: Path, stamp: str, seed: int, time_cap_s:
     header = ["configuration", "env steps/s", "updates/s (wall, training phase)", "updates/s (learner time only)"]
     return (markdown_table(header, rows) +
           f"\n\n- command: `{cmd}` (preset `humanoid` at laptop size: 16 envs split over 2 pool workers, batch 512, "
-          f"G=9, actor 128-64-32, critic 256-128-64, bf16; 4 steps per round = 36 updates per 64 env steps; "
+          f"G=9, actor 128-64-32, critic 256-128-64, bf16 auto = {auto_precision()}; 4 steps per round = 36 updates per 64 env steps; "
           f"physics state and Parquet replay on); {int(env_steps[-1]):,} env steps, {updates:,} updates, learner "
           f"loop {wall_s[-1]:.0f} s, subprocess {wall:.0f} s in all (exit {rc}); updates took "
           f"{fmt(100 * ratio(learner, wall_s[-1] - t0) if len(train) else None, 0)}% of the training phase's wall "
           "time (the rest: waiting for the pool's round, normalizer, replay, Parquet, publishing, evaluation)\n"
           f"- training phase / collection only: **{fmt(ratio(training, collect_rate), 2)}x** (collection only: "
           f"{collect_cpu_rate:,.0f} env steps per CPU-s)")
+
+
+def auto_precision() -> str:
+    """What ``bf16: auto`` (the presets' setting) resolves to on this machine's CPU, and why."""
+    from algos.precision import NATIVE_CPU_FLAGS, cpu_flags, use_bf16
+    flags = cpu_flags()
+    why = ("flags " + ", ".join(f for f in NATIVE_CPU_FLAGS if f in flags) if flags and use_bf16("auto", "cpu")
+           else "no AMX/AVX512-BF16" if flags is not None else "timed probe")
+    return f"{'bf16' if use_bf16('auto', 'cpu') else 'fp32'} ({why})"
 
 
 # ------------------------------------------------------------------------------------------------- record
@@ -668,7 +677,7 @@ def main(argv: list[str] | None = None) -> None:
 
     def header(part_started: str) -> str:
         return (f"Run {time.strftime('%Y-%m-%d %H:%M')}: `{command}`; load average (1/5/15 min) before, after: "
-                f"{part_started}, {load_average()}.")
+                f"{part_started}, {load_average()}; `bf16: auto` chose {auto_precision()}.")
 
     if "updates" in parts:
         load = load_average()

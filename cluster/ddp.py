@@ -17,6 +17,9 @@ import ray
 import ray.train
 
 
+START_FROM: str | None = None  # set by cluster.train.fit: a checkpoint to start from when the run has none (PBT)
+
+
 def rank() -> int:
     return ray.train.get_context().get_world_rank()
 
@@ -100,6 +103,19 @@ def broadcast_(tensors, src: int = 0) -> None:
     _on_collective_device(tensors, lambda t: dist.broadcast(t, src=src))
 
 
+def replica_divergence(*modules) -> float:
+    """Largest parameter difference between this rank and rank 0 over ``modules`` (DDP-wrapped or not); 0.0 when the
+    replicas are identical. A collective: every rank calls it at the same point."""
+    import torch
+    flat = torch.cat([p.detach().flatten().double().cpu() for m in modules
+                      for p in getattr(m, "module", m).parameters()])
+    ref = flat.clone()
+    broadcast_([ref], src=0)
+    diff = (flat - ref).abs().max().reshape(1)
+    all_reduce_mean_([diff])  # a mean of non-negative numbers is 0 only when all are
+    return float(diff.item()) * world_size()
+
+
 def report(metrics: dict[str, Any], checkpoint_dir: str | Path | None = None) -> None:
     """Report metrics (every rank must call this equally often) and, with ``checkpoint_dir``, this rank's checkpoint
     shard: Ray Train merges every rank's directory into one checkpoint, so files must carry the rank in their name
@@ -119,10 +135,11 @@ def checkpoint_dir() -> Iterator[Path]:
 
 @contextmanager
 def latest_checkpoint() -> Iterator[Path | None]:
-    """The checkpoint to resume from (the last one reported by this run, or by an earlier run of the same name)."""
+    """The checkpoint to resume from: the last one reported by this run (or by an earlier run of the same name), else
+    the one a PBT exploit gave it to start from, else None."""
     ckpt = ray.train.get_checkpoint()
     if ckpt is None:
-        yield None
+        yield Path(START_FROM) if START_FROM else None
         return
     with ckpt.as_directory() as d:
         yield Path(d)

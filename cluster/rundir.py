@@ -59,6 +59,13 @@ class RunDir:
     def checkpoints(self) -> Path:
         return self.path / "checkpoints"
 
+    def learner_checkpoints(self, learner: str = "learner") -> list[Path]:
+        """The checkpoint directories Ray Train kept for ``learner`` (``checkpoints/<learner>/checkpoint_*``),
+        oldest first; Ray's own bookkeeping files beside them are not checkpoints."""
+        root = self.checkpoints / learner
+        dirs = [p for p in root.glob("checkpoint_*") if p.is_dir()] if root.is_dir() else []
+        return sorted(dirs, key=lambda p: p.stat().st_mtime)
+
     @property
     def plots(self) -> Path:
         return self.path / "plots"

@@ -3,12 +3,14 @@
 Driver side: ``fit(train_fn, loop_config, name=..., storage_path=..., train=TrainConfig)`` runs ``train_fn`` on
 ``train.num_workers`` processes (DDP over gloo on CPU, NCCL on GPU). Runs are named after the run directory, so
 re-running a killed run with the same name restores the latest checkpoint (``cluster.ddp.latest_checkpoint()`` inside
-``train_fn``). Inside a Tune trial the learner's reports are forwarded to Tune automatically.
+``train_fn``); a run with no checkpoint of its own starts from ``<storage>/<name>.init`` when a PBT exploit put a donor's
+there. Inside a sweep trial every report and checkpoint is forwarded to Tune (``cluster.tune_trial``).
 
 Worker side (inside ``train_fn``): :mod:`cluster.ddp`.
 """
 from __future__ import annotations
 
+import functools
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,29 +41,27 @@ class TrainConfig:
             raise ValueError(f"train.cpus_per_worker: must be > 0 (fractions are fine), got {self.cpus_per_worker}")
 
 
-def _in_tune_trial() -> bool:
-    import warnings
-    try:
-        from ray import tune
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            return tune.get_context().get_trial_id() is not None
-    except Exception:  # noqa: BLE001 - not inside Tune
-        return False
+def _run_from(train_fn: Callable[[dict], None], start_from: str | None, config: dict) -> None:
+    """On each Train worker: the checkpoint to start from when this run has none of its own (a PBT donor's)."""
+    from cluster import ddp
+    ddp.START_FROM = start_from
+    train_fn(config)
 
 
 def fit(train_fn: Callable[[dict], None], loop_config: dict[str, Any], *, name: str, storage_path: str | Path,
         train: TrainConfig, max_failures: int = 0, num_to_keep: int = 2) -> ray.train.Result:
     """Run ``train_fn(loop_config)`` under a ``TorchTrainer``; raises with the worker's error if training fails."""
+    from cluster import tune_trial
     resources = {"CPU": float(train.cpus_per_worker)}
     if train.use_gpu:
         resources["GPU"] = float(train.gpus_per_worker)
     # Mixed backend on GPUs: NCCL for CUDA tensors (DDP gradients), gloo for CPU ones (counters, stop flags).
     backend = train.backend or ("cpu:gloo,cuda:nccl" if train.use_gpu else "gloo")
     callbacks = []
-    if _in_tune_trial():
-        from ray.tune.integration.ray_train import TuneReportCallback
-        callbacks.append(TuneReportCallback())
+    if tune_trial.relay() is not None:  # inside a sweep trial: every report (and checkpoint) goes to Tune
+        callbacks.append(tune_trial.LearnerReports(tune_trial.relay(), name))
+    init = tune_trial.init_checkpoint_dir(storage_path, name)
+    train_fn = functools.partial(_run_from, train_fn, str(init.resolve()) if init.is_dir() else None)
     trainer = TorchTrainer(
         train_fn,
         train_loop_config=loop_config,

@@ -6,7 +6,6 @@ flat dotted config keys (``experiment.envs_per_shard``) so a sampled point is a 
 """
 from __future__ import annotations
 
-import json
 import logging
 import os
 import re
@@ -239,6 +238,7 @@ def run_sweep(trainable: Callable[..., None], sweep: SweepConfig, storage: Path,
     wrapped = tune.with_resources(tune.with_parameters(trainable, **trainable_kwargs), {"cpu": sweep.trial_cpus})
     # Learners report evaluation metrics only every few iterations; ASHA and PBT skip results without the metric.
     os.environ.setdefault("TUNE_DISABLE_STRICT_METRIC_CHECKING", "1")
+    pbt = sweep.scheduler.name == "pbt"
     if resume and tune.Tuner.can_restore(str(storage)):
         log.info("restoring sweep %s", storage)
         tuner = tune.Tuner.restore(str(storage), trainable=wrapped, resume_unfinished=True, resume_errored=True)
@@ -247,40 +247,39 @@ def run_sweep(trainable: Callable[..., None], sweep: SweepConfig, storage: Path,
             wrapped, param_space=tune_space(sweep.params),
             tune_config=tune.TuneConfig(metric=sweep.metric, mode=sweep.mode, num_samples=sweep.num_samples,
                                         scheduler=scheduler(sweep), max_concurrent_trials=sweep.max_concurrent,
-                                        reuse_actors=True),  # a trial process serves the next trial: no re-imports
+                                        # a trial process serves the next trial (no re-imports), except under PBT,
+                                        # whose exploit restarts a trial from another's checkpoint in a fresh process
+                                        reuse_actors=not pbt),
             run_config=tune.RunConfig(name=storage.name, storage_path=str(storage.parent), verbose=1,
                                       failure_config=tune.FailureConfig(max_failures=sweep.max_failures),
-                                      checkpoint_config=tune.CheckpointConfig(num_to_keep=sweep.keep_checkpoints)))
-    return tuner.fit()
+                                      # PBT clones the donor's latest checkpoint after a delay: keep them all (they
+                                      # are small records; the state they point at is pinned by cluster.tune_trial)
+                                      checkpoint_config=tune.CheckpointConfig(
+                                          num_to_keep=None if pbt else sweep.keep_checkpoints)))
+    before = _placement_groups_of_this_job()
+    try:
+        return tuner.fit()
+    finally:
+        _remove_leftover_placement_groups(before)
 
 
-# ------------------------------------------------------------------------------------------------ inside a trial
-
-COMMIT_FILE = "commit.json"
-
-
-def trial_id() -> str:
-    from ray import tune
-    return tune.get_context().get_trial_id()
+def _placement_groups_of_this_job() -> set[str]:
+    """Ids of the live placement groups created by this driver's job (a placement group id ends with its job's id)."""
+    import ray
+    job = ray.get_runtime_context().get_job_id()
+    return {pg_id for pg_id, info in ray.util.placement_group_table().items()
+            if pg_id.endswith(job) and info["state"] != "REMOVED"}
 
 
-def trial_checkpoint() -> dict[str, Any] | None:
-    """The commit record this trial restarts from (its own last checkpoint, or a PBT donor's), or None."""
-    from ray import tune
-    checkpoint = tune.get_checkpoint()
-    if checkpoint is None:
-        return None
-    with checkpoint.as_directory() as d:
-        return json.loads((Path(d) / COMMIT_FILE).read_text())
-
-
-def report(metrics: dict[str, Any], checkpoint: dict[str, Any] | None = None, *, staging: Path) -> None:
-    """Report a trial's metrics to Tune; a commit record becomes the trial's checkpoint (staged in ``staging``, which
-    Tune copies into its storage)."""
-    from ray import tune
-    if checkpoint is None:
-        tune.report(metrics)
-        return
-    staging.mkdir(parents=True, exist_ok=True)
-    (staging / COMMIT_FILE).write_text(json.dumps(checkpoint, default=float))
-    tune.report(metrics, checkpoint=tune.Checkpoint.from_directory(str(staging)))
+def _remove_leftover_placement_groups(before: set[str]) -> None:
+    """Remove the placement groups this sweep's trials left behind. A trial that Tune stops (a PBT exploit, an ASHA
+    stop) kills its actor mid-fit; Ray Train's own cleaner frees that learner's placement group only where the State
+    API answers (a cluster with its dashboard): elsewhere the group, and the CPUs it holds, would stay reserved for as
+    long as the cluster lives. All trials are over here, so any group they made is garbage."""
+    import ray
+    from ray.util.placement_group import PlacementGroup
+    leftover = _placement_groups_of_this_job() - before
+    for pg_id in leftover:
+        ray.util.remove_placement_group(PlacementGroup(ray.PlacementGroupID(bytes.fromhex(pg_id))))
+    if leftover:
+        log.info("removed %d placement group(s) left behind by stopped trials", len(leftover))

@@ -22,10 +22,10 @@ A sweep file ``configs/sweep/<space>.yaml`` (selected by ``sweep=<space>``, any 
 
 Each trial is exactly a single run (``experiments.run.prepare`` + the experiment's ``run(cfg, ctx)``) with the
 sampled values as extra overrides, in its own run directory, and ``ctx.tune_report`` set: experiments report every
-iteration (``ctx.log`` or ``cluster.journal.Journal.commit``, whose commit records become the trial's checkpoints);
-a Ray Train learner inside the trial reports through ``TuneReportCallback`` (added by ``cluster.train.fit``).
-A trial retried after a crash, or restarted by PBT from another trial's checkpoint, resumes its run directory at
-that checkpoint. ``pool.*``/``cluster.*`` cannot be swept: all trials share the cluster's one pool.
+iteration (``ctx.log`` or ``cluster.journal.Journal.commit``, whose commit records become the trial's checkpoints),
+and so does every Ray Train learner inside the trial (its checkpoints too): ``cluster.tune_trial``.
+A trial retried after a crash resumes its run directory at its last checkpoint; a PBT recipient restarts from the
+donor's: the donor's committed data and its learners' checkpoints (weights, optimiser, normalizer, replay). ``pool.*``/``cluster.*`` cannot be swept: all trials share the cluster's one pool.
 
 Layout: ``<output_dir>/<experiment>/<run_name = sweep-<time>>/`` with ``tune/`` (Tune's storage: experiment state,
 per-trial results and checkpoints), ``trials/<experiment>/<trial_id>/`` (each trial's run directory, including
@@ -35,7 +35,6 @@ interrupted sweep: finished trials are kept, unfinished ones continue from their
 """
 from __future__ import annotations
 
-import functools
 import json
 import logging
 import os
@@ -71,33 +70,35 @@ def _select_sweep(argv: list[str]) -> list[str]:
 
 def run_trial(params: dict[str, Any], base: list[str], sweep_path: str, experiment: str) -> None:
     """Tune function trainable: one run of ``experiment`` with ``params`` as overrides (see the module doc)."""
-    from cluster import journal, tune as sweep_tune
+    from cluster import tune_trial
     from experiments.run import prepare
 
-    trial_id = sweep_tune.trial_id()
+    trial_id = tune_trial.trial_id()
     run_path = Path(sweep_path) / "trials" / experiment / trial_id
-    record = sweep_tune.trial_checkpoint()
+    record = tune_trial.trial_checkpoint()
     restored_step = None
-    if record is not None:
-        run_path.mkdir(parents=True, exist_ok=True)
-        same_run = Path(record["run_path"]).resolve() == run_path.resolve()
-        commit = journal.restore(run_path, record) if same_run else journal.clone(record, run_path)
-        restored_step = commit.step
-    # A retry without a checkpoint (a learner reports through Ray Train) resumes the run directory as it is.
-    resume = restored_step is not None or (run_path / "config.yaml").exists()
+    if record is not None:  # a retry from its own checkpoint, or a PBT recipient from its donor's
+        restored_step = tune_trial.start_from(record, run_path, run_path / "checkpoints")
+    # A retry resumes its run directory as it is: driver commits are cut back above, learners resume from their own
+    # Ray Train checkpoints.
+    resume = record is not None or (run_path / "config.yaml").exists()
     run_path.mkdir(parents=True, exist_ok=True)
     with open(run_path / "attempts.jsonl", "a") as fh:
         fh.write(json.dumps({"time": time.time(), "pid": os.getpid(), "host": socket.gethostname(),
-                             "resume": resume, "restored_step": restored_step}) + "\n")
+                             "resume": resume, "restored_step": restored_step,
+                             "from_trial": Path(record["run_path"]).name if record else None}) + "\n")
     overrides = base + [override(k, v) for k, v in params.items()] + [
         override("output_dir", str(Path(sweep_path) / "trials")), override("run_name", trial_id),
         override("resume", resume)]
     cfg, ctx = prepare(overrides)
-    ctx.tune_report = functools.partial(sweep_tune.report, staging=run_path / ".tune-commit")
-    try:
-        summary = cfg["_module"].run(cfg, ctx)
-    finally:
-        ctx.close()
+    ctx.tune_report = tune_trial.report_commit
+
+    def run() -> dict:
+        try:
+            return cfg["_module"].run(cfg, ctx)
+        finally:
+            ctx.close()
+    summary = tune_trial.run_in_trial(run, run_path=run_path)
     ctx.run_dir.write_json("summary.json", summary)
 
 

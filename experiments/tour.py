@@ -70,8 +70,9 @@ class Stage:
 
 def _driver_cmd(stage: Stage, cfg: dict, ctx, exp: Config) -> list[str]:
     pool = ctx.typed["pool"]
+    # the drivers join the tour's cluster and pool, at the tour's scale (placement of learners and samplers)
     return [sys.executable, "-m", "experiments.run", f"experiment={stage.experiment}", "cluster=remote",
-            f"cluster.address={ctx.cluster['address']}", f"pool.name={pool.name}",
+            f"scale={cfg['scale']['name']}", f"cluster.address={ctx.cluster['address']}", f"pool.name={pool.name}",
             f"pool.num_workers={pool.num_workers}", f"pool.num_cpus={pool.num_cpus}",
             f"train.cpus_per_worker={exp.train_cpus_per_worker}", f"seed={cfg['seed']}",
             f"output_dir={stage.run_dir.parent.parent}", f"run_name={stage.run_dir.name}",

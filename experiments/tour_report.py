@@ -39,6 +39,28 @@ def _ratio(a: float | None, b: float | None) -> str:
     return f"{a / b:.2f}x"
 
 
+STUDY = "benchmarks/RESULTS.md"  # where each method's multi-seed study says whether its claim holds
+
+
+def paired_verdict(differences: list[float], higher_is_better: bool = True) -> str:
+    """Whether a comparative claim holds, from seed-paired differences (method minus baseline): "yes" only when the
+    95 % t-interval of their mean excludes zero in the claimed direction, "no (reversed)" when it excludes zero the
+    other way, else "not shown at this budget". One seed has no interval: never "yes"."""
+    import math
+    import statistics
+    diffs = [d if higher_is_better else -d for d in differences if d is not None and math.isfinite(d)]
+    if len(diffs) < 2:
+        return f"not shown at this budget ({len(diffs)} seed; the multi-seed study is in {STUDY})"
+    from scipy import stats
+    mean, sem = statistics.fmean(diffs), statistics.stdev(diffs) / math.sqrt(len(diffs))
+    half = stats.t.ppf(0.975, len(diffs) - 1) * sem
+    if mean - half > 0:
+        return "yes"
+    if mean + half < 0:
+        return "no (reversed)"
+    return f"not shown at this budget ({len(diffs)} seeds, 95 % interval {mean - half:+.3g} .. {mean + half:+.3g})"
+
+
 def _copy_plots(paths: list[str | None], out: Path, prefix: str) -> list[str]:
     copied = []
     for p in paths:
@@ -79,7 +101,6 @@ def lift_section(stages, out: Path) -> tuple[list[str], list[dict], list[str]]:
         lift, sac = methods.get("lift"), methods.get("sac_finetune")
         if lift and sac:
             a, b = lift["real_steps_to_recover"], sac["real_steps_to_recover"]
-            faster = a is not None and (b is None or a < b)
             pre_c, zero = s_fin["pre_change_return"], s_fin["zero_shot_return"]
             # a change that costs the pretrained policy under 10 % of its return leaves nothing to recover
             unhurt = zero >= pre_c - 0.1 * abs(pre_c)
@@ -89,10 +110,11 @@ def lift_section(stages, out: Path) -> tuple[list[str], list[dict], list[str]]:
                              f"{_fmt(pre_c)}): pick a harsher experiment.change")
             claims.append({"paper": "LIFT", "claim": "finetuning recovers with fewer real steps than stochastic SAC "
                                                      "finetuning", "observed": observed,
-                           "holds": "n/a" if unhurt else "yes" if faster else "no"})
+                           "holds": "n/a" if unhurt else paired_verdict(
+                               [None if a is None or b is None else a - b], higher_is_better=False)})
             claims.append({"paper": "LIFT", "claim": "safer: fewer real-env falls than stochastic SAC finetuning",
                            "observed": f"{lift['falls']} vs {sac['falls']} falls",
-                           "holds": "yes" if lift["falls"] < sac["falls"] else "no"})
+                           "holds": paired_verdict([lift["falls"] - sac["falls"]], higher_is_better=False)})
     return lines, claims, plots
 
 
@@ -126,12 +148,12 @@ def vidd_section(stages, out: Path) -> tuple[list[str], list[dict], list[str]]:
             claims.append({"paper": "VIDD", "claim": "higher reward than every baseline at the same oracle budget",
                            "observed": f"median {_fmt(v)} vs best baseline {best_other} {_fmt(others[best_other])} "
                                        f"({v - others[best_other]:+.3f})",
-                           "holds": "yes" if v > others[best_other] else "no"})
+                           "holds": paired_verdict([v - others[best_other]])})
         if "ddpo" in methods:
             a, b = methods["vidd"]["nll"], methods["ddpo"]["nll"]
             claims.append({"paper": "VIDD", "claim": "stays closer to the pretrained model (NLL no worse than "
                                                      "DDPO-style)", "observed": f"NLL {_fmt(a)} vs {_fmt(b)}",
-                           "holds": "yes" if a <= b else "no"})
+                           "holds": paired_verdict([a - b], higher_is_better=False)})
     return lines, claims, plots
 
 
@@ -162,7 +184,7 @@ def attnrl_section(stages, out: Path) -> tuple[list[str], list[dict], list[str]]
         claims.append({"paper": "AttnRL", "claim": "more accurate than GRPO at equal generated tokens",
                        "observed": f"{_fmt(a)} vs {_fmt(g)} ({a - g:+.3f}) at <= {tokens} tokens "
                                    f"(last evaluations within the smaller run's total)",
-                       "holds": "yes" if a > g else "no"})
+                       "holds": paired_verdict([a - g])})
     if "attnrl" in methods:
         a, b = methods["attnrl"]["accuracy"], s["sft"]["accuracy"]
         claims.append({"paper": "AttnRL", "claim": "RL improves accuracy over the SFT model",

@@ -32,10 +32,14 @@ except ImportError:  # pragma: no cover
 def ray_cluster(tmp_path_factory):
     """A real local Ray cluster: 2 CPUs and one declared GPU (to check fractional-GPU placement)."""
     import ray
+    from cluster.deploy.local import free_port
     if ray.is_initialized():
         ray.shutdown()
     temp = Path("/tmp") / f"orrery-ray-{uuid.uuid4().hex[:6]}"  # short: Ray's socket paths must fit 107 chars
-    ctx = ray.init(address="local", num_cpus=2, num_gpus=1, include_dashboard=False,
+    # With the dashboard, as every real cluster has it: Ray Train's placement-group cleaner asks the State API
+    # (served by the dashboard) whether a learner's controller died; without it a learner killed mid-fit (a PBT
+    # exploit, a killed trial) keeps its workers' CPUs reserved for the rest of the session.
+    ctx = ray.init(address="local", num_cpus=2, num_gpus=1, include_dashboard=True, dashboard_port=free_port(),
                    object_store_memory=256 * 1024 * 1024, _temp_dir=str(temp), namespace="orrery",
                    runtime_env={"env_vars": {"PYTHONPATH": str(ROOT), "RAY_AUTH_MODE": "disabled"}},
                    log_to_driver=False)

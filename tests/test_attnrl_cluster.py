@@ -1,13 +1,22 @@
 """AttnRL on the real cluster: LM rollouts (with FCI and rewards) on the pool's "lm" samplers, the learner under Ray
-Train, and AttnRL's one-step off-policy order kept through the pool (continuations of batch m sampled with the
-weights version published after update m-1, i.e. after m updates)."""
+Train on two data-parallel ranks, AttnRL's one-step off-policy order kept through the pool (continuations of batch m
+sampled with the weights version published after update m-1, i.e. after m updates), a run killed mid-way and
+resumed, and a Hugging Face model through SFT and an update."""
 from __future__ import annotations
 
 import functools
+import json
 import random
+import signal
+import subprocess
+import sys
+import time
 import uuid
+from pathlib import Path
 
+import pandas as pd
 import pytest
+import ray
 import torch
 
 from algos.attnrl.fci import fci_scores
@@ -15,10 +24,13 @@ from algos.attnrl.gpt import GPT, GPTConfig
 from algos.attnrl.lm import GenerationRequest, Policy, generate
 from cluster.metrics import read_metrics
 from cluster.pool import SharedPool
+from cluster.rundir import RunDir
 from cluster.store import ParquetStore
 from envs.reasoning.task import ReasoningTask
 from experiments.attnrl.sampler import LMSampler
 from experiments.attnrl.weights import gpt_weights
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def _shutdown_pool(name: str) -> None:
@@ -60,38 +72,39 @@ def test_lm_sampler_matches_local_generation_and_scores_rewards():
     assert all(float(v.detach().abs().sum()) == 0 for v in sampler.policy.model.parameters())
 
 
-def test_attnrl_run_on_the_pool_keeps_the_off_policy_order(tmp_path, ray_cluster):
-    from experiments.run import main
-    pool = f"attnrl-{uuid.uuid4().hex[:6]}"
-    try:
-        summary = main(["experiment=attnrl", f"output_dir={tmp_path}", "run_name=smoke", f"pool.name={pool}",
-                        "experiment.methods=[]", "experiment.method=attnrl", "experiment.task.max_steps=3",
-                        "experiment.sft.max_steps=60", "experiment.sft.eval_every=30",
-                        "experiment.sft.eval_problems_per_difficulty=4", "experiment.rl.prompts_per_batch=2",
-                        "experiment.rl.token_budget=1500", "experiment.rl.max_prompts_per_batch=4",
-                        "experiment.eval_problems_per_difficulty=4",
-                        "experiment.eval_every_updates=2", "experiment.checkpoint_every_updates=2"])
-        stats = SharedPool.attach({"name": pool}, create=False).stats()
-    finally:
-        _shutdown_pool(pool)
-    run = tmp_path / "attnrl" / "smoke"
+def _args(tmp_path, pool: str, run_name: str, *extra: str) -> list[str]:
+    return ["experiment=attnrl", f"output_dir={tmp_path}", f"run_name={run_name}", f"pool.name={pool}",
+            "experiment.methods=[]", "experiment.method=attnrl", "experiment.task.max_steps=3",
+            "experiment.sft.max_steps=60", "experiment.sft.eval_every=30",
+            "experiment.sft.eval_problems_per_difficulty=4", "experiment.rl.prompts_per_batch=2",
+            "experiment.rl.token_budget=2400", "experiment.rl.max_prompts_per_batch=4",
+            "experiment.eval_problems_per_difficulty=4", "experiment.eval_every_updates=2",
+            "experiment.checkpoint_every_updates=2", "train.num_workers=2", *extra]
 
+
+def _check_run(run: Path, summary: dict, stats: dict) -> tuple:
+    """A finished AttnRL run: summary, plots, files, one metrics row per update, the off-policy order of the
+    generation calls, and both learner ranks with the same parameters. Returns (update rows, calls, digest)."""
     assert set(summary) == {"sft", "methods", "token_budget", "plots"}
     assert set(summary["sft"]) == {"accuracy", "accuracy_by_difficulty"}
     assert set(summary["sft"]["accuracy_by_difficulty"]) == {"1", "2", "3"}
     m = summary["methods"]["attnrl"]
     assert set(m) == {"accuracy", "accuracy_by_difficulty", "generated_tokens", "steps", "valid_ratio", "wall_s"}
     # the run stops where it lands nearest the budget: within about half an update cycle (~500 tokens here)
-    assert summary["token_budget"] == 1500 and abs(m["generated_tokens"] - 1500) < 0.4 * 1500 and m["steps"] >= 2
+    assert summary["token_budget"] == 2400 and abs(m["generated_tokens"] - 2400) < 0.4 * 2400 and m["steps"] >= 3
     assert set(m["accuracy_by_difficulty"]) == {"1", "2", "3"} and 0.0 <= m["accuracy"] <= 1.0
     for p in summary["plots"]:
         assert (run / "plots").joinpath(p.rsplit("/", 1)[-1]).stat().st_size > 5_000
-    assert (run / "sft_model.pt").exists() and (run / "policy-attnrl.pt").exists()
-    assert list((run / "checkpoints" / "learner-attnrl").glob("checkpoint_*/done"))
+    assert (run / "policy-attnrl.pt").exists()
+    (final,) = [c for c in RunDir(run).learner_checkpoints("learner-attnrl") if (c / "done").exists()]
+    shards = [json.loads((final / f"rank{r}.json").read_text()) for r in (0, 1)]
+    assert shards[0] == shards[1] and shards[0]["updates"] == m["steps"], "ranks hold the same parameters"
 
     df = read_metrics(run)
+    assert not df.duplicated(subset=["step", "eval_accuracy", "generated_tokens"]).any()
     updates = df[df["step"] > 0].dropna(subset=["valid_prompt_ratio"])
-    assert list(updates["policy_version"]) == list(range(1, m["steps"] + 1))
+    assert list(updates["policy_version"]) == list(range(1, m["steps"] + 1)), "every update once, in order"
+    assert updates["generated_tokens"].is_monotonic_increasing and updates["wall_s"].is_monotonic_increasing
     for col in ("generated_tokens", "batch_size", "init_all_correct_ratio", "init_all_wrong_ratio"):
         assert col in updates and updates[col].notna().all(), col
     train_acc = updates[[c for c in updates.columns if c.startswith("train_acc_d")]]
@@ -100,24 +113,118 @@ def test_attnrl_run_on_the_pool_keeps_the_off_policy_order(tmp_path, ray_cluster
     assert {"eval_acc_d1", "eval_acc_d3"} <= set(df.dropna(subset=["eval_accuracy"]).columns)
 
     calls = ParquetStore(run / "data" / "generation-attnrl").read().to_pandas()
-    assert int(calls["generated_tokens"].sum()) == m["generated_tokens"]
+    assert int(calls["generated_tokens"].sum()) == m["generated_tokens"] == updates["generated_tokens"].max()
+    assert len(ParquetStore(run / "data" / "rollouts-attnrl").parts()) == len(calls), "one log part per call"
     lm = stats["per_sampler"]["lm"]
     assert lm["samples"] >= int(calls["init_requests"].sum() + calls["cont_requests"].sum())
-    assert lm["requests"] >= 2 * len(calls), "each generation call is split over both pool workers"
+    sampled = calls[calls["init_requests"] + calls["cont_requests"] > 0]
+    assert lm["requests"] >= 2 * len(sampled), "each generation call is split over both pool workers"
     # every call was sampled with the version published for the weights it was issued with
-    assert (calls["weights_version"] == calls["published_version"]).all()
+    assert (sampled["weights_version"] == sampled["published_version"]).all()
     cont = calls[calls["cont_batch"] >= 0]
     assert len(cont) == m["steps"]
-    # one-step off-policy: call m carries the continuations of batch m (sampled after m updates = after update
-    # m-1) together with the initial samples of batch m+1 (except the last call, which only drains)
+    # one-step off-policy: the call that carries batch m's continuations (sampled after m updates = after update
+    # m-1) carries batch m+1's initial samples too, except where the pipeline drains (the budget rule may start it
+    # again: a warm-up call with initial samples only)
     assert list(cont["cont_batch"]) == list(range(m["steps"]))
     assert (cont["updates_before"] == cont["cont_batch"]).all()
-    assert (cont["init_batch"].iloc[:-1] == cont["cont_batch"].iloc[:-1] + 1).all()
+    both = cont[cont["init_batch"] >= 0]
+    assert len(both) >= 1 and (both["init_batch"] == both["cont_batch"] + 1).all()
     assert calls.iloc[0]["init_batch"] == 0 and calls.iloc[0]["cont_batch"] == -1
-    # versions advance with updates: batch m's continuations use a newer version than batch m's originals
-    first_version = dict(zip(calls["init_batch"], calls["weights_version"]))
-    for _, c in cont.iloc[1:].iterrows():
-        assert c["weights_version"] > first_version[c["cont_batch"]]
+    # versions advance with updates: the continuations of a batch whose initial samples rode along with the previous
+    # batch's continuations come from a newer version than those initial samples
+    piggyback = dict(zip(both["init_batch"], both["weights_version"]))
+    for _, c in cont.iterrows():
+        if c["cont_batch"] in piggyback and c["cont_requests"]:
+            assert c["weights_version"] > piggyback[c["cont_batch"]]
+    return updates, calls, shards[0]["param_digest"]
+
+
+def _registered_update(run: Path) -> int:
+    """The latest update whose checkpoint Ray Train has registered (a resumed run restarts from it): a checkpoint
+    directory appears before the Train controller records it, so the directories alone do not tell."""
+    snapshot = run / "checkpoints" / "learner-attnrl" / "checkpoint_manager_snapshot.json"
+    try:
+        results = json.loads(snapshot.read_text())["checkpoint_results"]
+    except (OSError, ValueError, KeyError):  # not written yet, or being replaced
+        return 0
+    return int(max((r["metrics"].get("policy_version", 0) for r in results), default=0))
+
+
+@pytest.mark.slow
+def test_attnrl_on_two_learner_ranks_killed_and_resumed_ends_as_uninterrupted(tmp_path, ray_cluster):
+    """The learner on 2 Ray Train workers (DDP): both ranks keep identical parameters. The same run with its driver
+    SIGKILLed after its checkpoint of update 2 and resumed (resume=true) replays up to that checkpoint and ends
+    exactly as the uninterrupted run: the same metric rows, once each, the same calls, the same final weights."""
+    from experiments.run import main
+    pool = f"attnrl-{uuid.uuid4().hex[:6]}"
+    gcs = ray.get_runtime_context().gcs_address
+    try:
+        summary = main(_args(tmp_path, pool, "ref"))
+        ref_updates, ref_calls, ref_digest = _check_run(tmp_path / "attnrl" / "ref", summary,
+                                                        SharedPool.attach({"name": pool}, create=False).stats())
+
+        run = tmp_path / "attnrl" / "killed"
+        args = _args(tmp_path, pool, "killed", f"experiment.sft_model={tmp_path / 'attnrl' / 'ref' / 'sft_model.pt'}")
+        proc = subprocess.Popen([sys.executable, "-m", "experiments.run", *args, f"cluster.address={gcs}"],
+                                cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        try:
+            deadline = time.monotonic() + 300
+            while _registered_update(run) < 2:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise AssertionError(f"no checkpoint of update 2:\n{proc.stdout.read()[-3000:]}")
+                time.sleep(0.05)
+            proc.send_signal(signal.SIGKILL)
+            kill_time = time.time()
+        finally:
+            proc.kill()
+            proc.wait()
+        killed_at = _registered_update(run)
+        assert killed_at < summary["methods"]["attnrl"]["steps"], "the run finished before it could be killed"
+        resumed = main(args + ["resume=true"])
+        updates, calls, digest = _check_run(run, resumed, SharedPool.attach({"name": pool}, create=False).stats())
+    finally:
+        _shutdown_pool(pool)
+    # resumed, not restarted: the calls up to the checkpoint (at least one per update) were sampled before the kill
+    parts = ParquetStore(run / "data" / "rollouts-attnrl").parts()
+    assert sum(p.stat().st_mtime < kill_time for p in parts) > killed_at
+    assert digest == ref_digest, "the resumed run ends with the uninterrupted run's weights"
+    same = [c for c in ref_updates.columns if c not in ("time", "wall_s", "seconds")]
+    pd.testing.assert_frame_equal(updates[same].reset_index(drop=True), ref_updates[same].reset_index(drop=True))
+    versions = [c for c in calls.columns if "version" in c]
+    pd.testing.assert_frame_equal(calls.drop(columns=versions), ref_calls.drop(columns=versions))
+
+
+@pytest.mark.slow
+def test_tiny_hf_model_through_sft_and_an_rl_update_on_the_pool(tmp_path, ray_cluster):
+    """A 2-layer Qwen2 with a character tokenizer, built here: SFT, one AttnRL update (the learner's passes in
+    chunks of 64 tokens) with rollouts (and FCI) from the pool's samplers loading the same local model, evaluation."""
+    from experiments.run import main
+    from tests.test_attnrl_scale import write_tiny_qwen2
+    model_dir = write_tiny_qwen2(tmp_path / "qwen2")
+    pool = f"attnrl-hf-{uuid.uuid4().hex[:6]}"
+    try:
+        summary = main(["experiment=attnrl", f"output_dir={tmp_path}", "run_name=hf", f"pool.name={pool}",
+                        f"experiment.hf_model={model_dir}", "experiment.methods=[]", "experiment.method=attnrl",
+                        "experiment.task.max_steps=2", "experiment.sft.max_steps=3", "experiment.sft.eval_every=3",
+                        "experiment.sft.eval_problems_per_difficulty=2", "experiment.eval_problems_per_difficulty=2",
+                        "experiment.rl.prompts_per_batch=2", "experiment.rl.max_updates=1",
+                        "experiment.rl.max_response_tokens=24", "experiment.max_tokens_per_forward=64",
+                        # an untrained model solves nothing: keep its zero-advantage paths, so the update trains
+                        "experiment.rl.ads.zero_advantage_filter=false", "experiment.autocast_bf16=auto"])
+    finally:
+        _shutdown_pool(pool)
+    run = tmp_path / "attnrl" / "hf"
+    m = summary["methods"]["attnrl"]
+    assert m["steps"] == 1 and m["generated_tokens"] > 0 and 0.0 <= m["accuracy"] <= 1.0
+    sft = torch.load(run / "sft_model.pt", weights_only=True)
+    assert sft["weights"]["kind"] == "hf" and sft["weights"]["path"] == str(model_dir) and sft["info"]["steps"] == 3
+    assert set(torch.load(run / "policy-attnrl.pt", weights_only=True)["weights"]["state_dict"]) == \
+        set(sft["weights"]["state_dict"])
+    (update,) = read_metrics(run).dropna(subset=["valid_prompt_ratio"]).to_dict("records")
+    assert update["train_sequences"] > 0 and update["optimizer_steps"] >= 1, "PPO ran on the HF model"
+    calls = ParquetStore(run / "data" / "generation-attnrl").read().to_pandas()
+    assert list(calls["cont_batch"]) == [-1, 0] and int(calls["generated_tokens"].sum()) == m["generated_tokens"]
 
 
 class _InProcessPool:
@@ -163,7 +270,7 @@ def test_pool_generator_keeps_the_off_policy_order_without_ray():
     seen_fci = []
 
     def log_fn(m):
-        gen.updates += 1
+        gen.on_update()
 
     real_call = gen.__call__
 

@@ -2,6 +2,7 @@
 
 import math
 import random
+import statistics
 from types import SimpleNamespace
 
 import pytest
@@ -274,3 +275,153 @@ def test_driver_samples_continuations_with_the_weights_after_the_previous_update
         assert [c["kinds"] for c in calls] == [{"init"}, {"cont"}] * 3
         assert all(a["weights"] == b["weights"] for a, b in zip(calls[::2], calls[1::2]))
     assert out["generated_tokens"] == sum(c["tokens"] for c in calls)
+
+
+# ---- issue 17: fixes and the branching controls ----------------------------------------------------------------
+
+def _rollout(tag, step_scores=None, step_starts=(0, 4, 8), n_tokens=12):
+    from algos.attnrl.lm import Rollout
+    return Rollout(prompt_ids=(5, 6), prefix_ids=(), generated_ids=list(range(2, 2 + n_tokens)),
+                   logprobs=[-0.1] * n_tokens, entropies=[0.5] * n_tokens, finished=True,
+                   step_starts=list(step_starts), step_scores=step_scores, tag=tag)
+
+
+def _fake_run(method="attnrl", n=6, **rl):
+    cfg = RLConfig(samples_per_prompt=n, **rl).resolved(method)
+    return SimpleNamespace(cfg=cfg, method=method, rng=random.Random(0), max_tokens=20,
+                           task=SimpleNamespace(dependency_cone=lambda p: p.cone))
+
+
+def test_attention_filter_takes_effect_without_difficulty_expansion():
+    """The paper's "ADS without difficulty expansion" ablation keeps the attention filter (issue 17: it silently
+    ran without it). Two all-correct problems: the one whose mean FCI is not above the running mean is not
+    branched; the other one has every response branched (no difficulty-aware expansion)."""
+    from algos.attnrl.config import AdaptiveSamplingConfig
+    from algos.attnrl.tree_rl import TreeBatch, plan_continuations
+
+    n = 6
+    run = _fake_run(n=n, ads=AdaptiveSamplingConfig(difficulty_expansion=False, attention_filter=True))
+    batch = TreeBatch(problems=[SimpleNamespace(cone=[]), SimpleNamespace(cone=[])])
+    low, high = [0.0, 0.1, 0.1, 0.1], [0.0, 0.9, 0.9, 0.9]
+    batch.initial = [[_rollout(("init", i, j), scores) for j in range(n)] for i, scores in enumerate((low, high))]
+    batch.rewards = [[1.0] * n, [1.0] * n]
+    requests = plan_continuations(run, batch, RunningMean())
+    branched = {tag[1:3] for tag in (r.tag for r in requests)}
+    assert {i for i, _ in branched} == {1}
+    assert {j for _, j in branched} == set(range(n))
+    # the filter off: both problems branched
+    run = _fake_run(n=n, ads=AdaptiveSamplingConfig(difficulty_expansion=False, attention_filter=False))
+    assert {r.tag[1] for r in plan_continuations(run, batch, None)} == {0, 1}
+
+
+def test_initial_rollouts_are_grouped_by_tag_not_by_position():
+    """A pool returns rollouts in any order: each problem must get its own samples and rewards (issue 17)."""
+    from algos.attnrl.tree_rl import TreeBatch, add_initial_samples
+
+    n = 3
+    problems = [SimpleNamespace(name=f"p{i}") for i in range(2)]
+    rollouts = [_rollout(("init", i, j)) for i in range(2) for j in range(n)]
+    random.Random(1).shuffle(rollouts)
+    run = SimpleNamespace(cfg=SimpleNamespace(samples_per_prompt=n),
+                          score=lambda p, r: float(r.tag[1] == int(p.name[1:])))
+    batch = TreeBatch(problems=problems)
+    add_initial_samples(run, batch, rollouts)
+    assert [[r.tag for r in rolls] for rolls in batch.initial] == [[("init", i, j) for j in range(n)] for i in range(2)]
+    assert batch.rewards == [[1.0] * n, [1.0] * n]
+    with pytest.raises(ValueError):
+        add_initial_samples(run, TreeBatch(problems=problems), rollouts[:-1])
+
+
+def test_first_response_step_fci_is_zeroed_by_default_as_in_the_released_code():
+    from algos.attnrl.tree_rl import fci_step_score_fn
+
+    alpha = torch.zeros(1, 1, 4, 4)
+    alpha[0, 0, 3, 1] = alpha[0, 0, 3, 2] = 0.5
+    score = fci_step_score_fn(RLConfig().resolved("attnrl"))
+    assert score(alpha).tolist() == pytest.approx([0.0, 0.0, 0.5, 0.0])
+    assert fci_step_score_fn(RLConfig(zero_first_step=False).resolved("attnrl"))(alpha)[1] == pytest.approx(0.5)
+
+
+def test_yaml_comments_state_the_dataclass_defaults():
+    """Every ``key: null  # <value>`` (or ``# X = <value>``) in the rl section of configs/experiment/attnrl.yaml
+    names the value the dataclass default really has (issue 17: the Delta comment said 2 while the default is 1)."""
+    import re
+    from dataclasses import fields
+    from pathlib import Path
+
+    from algos.attnrl.config import AdaptiveSamplingConfig
+
+    text = (Path(__file__).parents[1] / "configs" / "experiment" / "attnrl.yaml").read_text()
+    rl_section = text.split("\nrl:", 1)[1].split("\nhf_model:", 1)[0]
+    defaults = {f.name: f.default for cls in (RLConfig, AdaptiveSamplingConfig) for f in fields(cls)}
+    checked = 0
+    for key, value in re.findall(r"^\s+(\w+): null\s+#\s*(?:\w+ = )?(-?[\d.]+(?:e-?\d+)?)\b", rl_section, re.M):
+        assert float(defaults[key]) == pytest.approx(float(value)), key
+        checked += 1
+    assert checked >= 5
+
+
+def test_step_level_branching_controls():
+    from algos.attnrl.branching import (select_earliest_branch_points, select_oracle_branch_points,
+                                        select_random_branch_points)
+
+    starts = [0, 16, 32, 48, 64, 80]  # six response steps; the last is the answer line
+    assert select_earliest_branch_points(starts, 2) == [16, 32]
+    assert select_earliest_branch_points(starts[:2], 2) == [16]
+    rng = random.Random(0)
+    seen = set()
+    for _ in range(200):
+        chosen = select_random_branch_points(starts, 2, rng)
+        assert len(chosen) == 2 and chosen == sorted(chosen) and set(chosen) <= {16, 32, 48, 64}
+        seen |= set(chosen)
+    assert seen == {16, 32, 48, 64}  # never the first step or the answer line, all others sometimes
+    assert select_random_branch_points(starts[:2], 2, rng) == [16]
+    cone = [True, False, False, True, True, False]  # step 1 is in the cone but never a branch point
+    assert select_oracle_branch_points(cone, starts, 2) == [48, 64]
+    assert select_oracle_branch_points(cone, starts, 3) == [16, 48, 64]  # fill-up by the earliest other step
+    assert select_oracle_branch_points(cone[:4], starts, 2) == [16, 48]  # steps past the cone count as outside
+
+
+@pytest.mark.parametrize("method,rule", [("attnrl", "fci"), ("attn_tree", "fci"), ("entropy_tree", "entropy"),
+                                         ("earliest_tree", "earliest"), ("random_tree", "random"),
+                                         ("oracle_tree", "oracle")])
+def test_tree_methods_differ_only_in_their_branching_rule(method, rule):
+    from algos.attnrl.tree_rl import branch_offsets, fci_step_score_fn
+
+    cfg = RLConfig().resolved(method)
+    assert cfg.branching == rule
+    if method != "attnrl":  # the controls sample and train like TreeRL's entropy branching
+        base = RLConfig().resolved("entropy_tree")
+        assert (cfg.ads, cfg.off_policy) == (base.ads, base.off_policy)
+    assert (fci_step_score_fn(cfg) is not None) == (rule == "fci")
+    run = _fake_run(method)
+    starts = [0, 4, 8, 12]
+    r = _rollout(("init", 0, 0), [0.0, 0.2, 0.1, 0.9, 0.0], starts, n_tokens=16)
+    r.entropies = [0.1] * 16
+    r.entropies[6], r.entropies[10] = 2.0, 1.0
+    offsets = branch_offsets(run, SimpleNamespace(cone=[True, False, True, True, False]), r)
+    expected = {"fci": [4, 8], "entropy": [6, 10], "earliest": [4, 8], "oracle": [8, 12]}
+    if rule == "random":
+        assert len(offsets) == 2 and set(offsets) <= {4, 8}
+    else:
+        assert offsets == expected[rule]
+
+
+def test_benchmark_paired_interval_and_section_replacement(tmp_path):
+    from benchmarks.attnrl_report import SECTION_TITLE, paired, record
+
+    p = paired([0.5, 0.6, 0.7, 0.6, 0.55], [0.5, 0.5, 0.5, 0.5, 0.5])
+    diffs = [0.0, 0.1, 0.2, 0.1, 0.05]
+    half = 2.776 * statistics.stdev(diffs) / 5 ** 0.5  # t(0.975, 4 df)
+    assert p["mean"] == pytest.approx(0.09)
+    assert (p["t_low"], p["t_high"]) == pytest.approx((0.09 - half, 0.09 + half))
+    assert 0.0 <= p["boot_low"] <= 0.09 <= p["boot_high"] <= 0.2
+    results = tmp_path / "RESULTS.md"
+    results.write_text("# R\n\n## Other (`x.py`)\nkeep\n\n## AttnRL vs GRPO vs entropy branching at equal generated "
+                       "tokens (`benchmarks/attnrl.py`)\nold\n\n## Tour\nkeep too\n")
+    record(results, "new body", SimpleNamespace(plot="p.png"), {})
+    text = results.read_text()
+    assert "old" not in text and "new body" in text and text.count("keep") == 2
+    assert text.index("## Other") < text.index(SECTION_TITLE) < text.index("## Tour")
+    record(results, "newer body", SimpleNamespace(plot="p.png"), {})
+    assert "new body" not in results.read_text() and results.read_text().count(SECTION_TITLE) == 1

@@ -120,6 +120,36 @@ def test_molecule_rewards_match_rdkit_and_floor_bad_input(molecule_data):
         MoleculeReward(kind="logp")
 
 
+def test_molecule_oracles_read_none_and_selfies_strings():
+    from rdkit import Chem
+    from rdkit.Chem import QED
+
+    qed = MoleculeReward(kind="qed")
+    # None (a failed decode) is an error row, not a TypeError
+    rewards, info = qed([None])
+    assert rewards.tolist() == [0.0] and info["n_errors"] == 1 and info["n_queries"] == 1
+    rewards, info = qed([None, "CCO"])
+    assert rewards[1] == pytest.approx(QED.qed(Chem.MolFromSmiles("CCO"))) and info["n_errors"] == 1
+    # a SELFIES string is decoded, not parsed as SMILES
+    ethanol = QED.qed(Chem.MolFromSmiles("CCO"))
+    assert qed(["[C][=O]"])[0][0] == pytest.approx(QED.qed(Chem.MolFromSmiles("C=O")))
+    assert qed(["[C][Branch1][C][O][C]"])[0][0] == pytest.approx(QED.qed(Chem.MolFromSmiles("CC(O)")))
+    assert qed(["[C][C][O][nop]"])[0][0] == pytest.approx(ethanol)  # SELFIES padding
+    # both readings valid and different (ethanol vs a carbon-radical chain): a clear error, unless told which
+    with pytest.raises(ValueError, match="ambiguous.*input_format"):
+        qed(["[C][C][O]"])
+    assert MoleculeReward(kind="qed", input_format="selfies")(["[C][C][O]"])[0][0] == pytest.approx(ethanol)
+    assert MoleculeReward(kind="qed", input_format="smiles")(["[C][C][O]"])[0][0] != pytest.approx(ethanol)
+    # bracket atoms that read the same both ways are plain SMILES
+    assert qed(["[Na+]"])[1]["n_valid"] == 1 and qed(["[13CH4]"])[1]["n_valid"] == 1
+    with pytest.raises(ValueError, match="input_format"):
+        MoleculeReward(kind="qed", input_format="inchi")
+    # the other tasks' oracles read None as an invalid row too
+    assert MotifProxyReward()([None])[1]["n_invalid"] == 1
+    assert BetaSheetProxyReward()([None, "VVVV"])[1] == {"n_queries": 2, "n_valid": 1, "n_empty": 0,
+                                                        "n_invalid": 1, "n_errors": 0}
+
+
 def test_molecule_metrics(molecule_data):
     metrics = molecule_metrics(molecule_data.heldout_smiles[:60] + [None, ""])
     assert metrics["validity"] == pytest.approx(60 / 62)
@@ -176,6 +206,19 @@ def test_dna_corpus_and_motif_proxy_reward():
     assert pickle.loads(pickle.dumps(reward))([ideal])[0][0] == pytest.approx(1.0)
     assert kmer_correlation(seqs, background) > 0.9
     assert DNA_VOCAB.size == 4
+
+    # the site-count proxy leaves room: the corpus scores low, background lower, site-packed sequences near 1
+    sites = MotifProxyReward(kind="sites")
+    corpus_sites, _ = sites(generate_dna_corpus(300, seed=0))
+    assert 0.05 < corpus_sites.mean() < 0.35 and sites(background)[0].mean() < corpus_sites.mean()
+    packed = ("".join(consensus) * 5)[:200]
+    assert sites([packed])[0][0] > 0.85 and sites([ideal])[0][0] < sites([packed])[0][0]
+    held_out = MotifProxyReward(release=EVAL_RELEASE, kind="sites")
+    assert held_out([packed])[0][0] > 0.5 and held_out(seqs)[0].mean() != pytest.approx(sites(seqs)[0].mean())
+    restored = pickle.loads(pickle.dumps(sites))
+    assert restored.kind == "sites" and restored([packed])[0][0] == pytest.approx(sites([packed])[0][0])
+    with pytest.raises(ValueError, match="kind"):
+        MotifProxyReward(kind="activity")
 
 
 # --------------------------------------------------------------------------------------------------

@@ -170,3 +170,69 @@ def test_fci_ranks_steps_like_true_influence_on_the_pretrained_model(sft_policy)
     corr = fci_influence_correlation(policy, task, problems, delta=1, transitive=False)
     assert corr["problems"] >= 60
     assert corr["spearman"] > 0.25, corr
+
+
+def test_step_error_is_one_minus_the_mean_line_probability(random_policy):
+    from algos.attnrl.sft import step_error
+
+    codec = random_policy.codec
+    task = ReasoningTask()
+    problems = task.sample(random.Random(1), 3)
+    expected = []
+    for p in problems:
+        response = codec.encode(p.solution) + [codec.eos_id]
+        lp = forward_scores(random_policy, [codec.encode(p.prompt)], [response]).logprobs[0]
+        # split by hand at the *text* lines (the codec's delimiters include digits: its steps are not lines)
+        start = 0
+        for line in p.solution.split("\n"):
+            end = start + len(line) + 1  # the newline, or the end token after the last line
+            expected.append(float(lp[start:end].detach().sum().exp()))
+            start = end
+    codec.delimiter_ids, saved = frozenset({codec.stoi["\n"]}), codec.delimiter_ids
+    try:
+        assert step_error(random_policy, problems) == pytest.approx(1 - sum(expected) / len(expected), rel=1e-5)
+    finally:
+        codec.delimiter_ids = saved
+
+
+def test_branch_every_step_records_flips_groups_and_fci(sft_policy):
+    from algos.attnrl.diagnostics import branch_every_step, summarize_branching
+
+    policy, task, _ = sft_policy
+    problems = task.evaluation_problems(6, seed=5, difficulties=(3, 4))
+    records = branch_every_step(policy, task, problems, continuations=3, deltas=(1, 2),
+                                generator=torch.Generator().manual_seed(0))
+    assert 3 <= len(records) <= len(problems)
+    for rec in records:
+        p = problems[rec["problem"]]
+        assert len(rec["steps"]) == p.difficulty  # response steps 2..K+1 (the last is the answer line)
+        assert [s["in_cone"] for s in rec["steps"]] == task.dependency_cone(p)[1:]
+        for s in rec["steps"]:
+            assert s["flip"] in (0.0, 1 / 3, 2 / 3, 1.0)
+            assert s["mixed"] == (s["flip"] > 0)  # one response: a flip is exactly a mixed group
+        assert rec["step_starts"][0] == 0 and len(rec["step_starts"]) == p.difficulty + 1
+    summary = summarize_branching(records, deltas=(1, 2))
+    assert summary["responses"] == len(records)
+    assert summary["all"]["n"] == sum(len(r["steps"]) - 1 for r in records)
+    assert 0.0 <= summary["rules"]["oracle"]["in_cone"] <= 1.0
+    assert set(summary["rules"]) == {"atb(d=1)", "atb(d=2)", "earliest", "random", "oracle"}
+
+
+def test_summarize_branching_by_hand():
+    from algos.attnrl.diagnostics import summarize_branching
+
+    def step(s, flip, cone, fci):
+        return {"step": s, "flip": flip, "mixed": flip > 0, "in_cone": cone, "readers": int(cone), "fci": {1: fci}}
+
+    # response steps 2..5 are candidates (step 6 is the answer line); FCI ranks exactly like the cone
+    rec = {"problem": 0, "difficulty": 5, "reward": 1.0, "step_starts": [0, 10, 20, 30, 40, 50],
+           "first_step_in_cone": False,
+           "steps": [step(1, 0.0, False, 0.1), step(2, 0.5, True, 0.9), step(3, 0.0, False, 0.2),
+                     step(4, 0.25, True, 0.8), step(5, 0.0, False, 0.0)]}
+    s = summarize_branching([rec], deltas=(1,))
+    assert s["spearman"]["fci(d=1)~cone"] == pytest.approx(4 / (2 * 5 ** 0.5))  # ranks (1, 4, 2, 3) vs ties (F, T, F, T)
+    assert s["cone"]["flip"] == pytest.approx(0.375) and s["distractor"]["flip"] == 0.0
+    assert s["all"]["mixed"] == pytest.approx(0.5)
+    assert s["rules"]["atb(d=1)"]["in_cone"] == 1.0  # top 20 % FCI -> step 3 (0.9); fill-up: step 2 -> no
+    assert s["rules"]["oracle"]["in_cone"] == 1.0 and s["rules"]["earliest"]["in_cone"] == 0.5
+    assert s["atb_equals_earliest"] == {1: 0.0}

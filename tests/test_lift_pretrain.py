@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from cluster.metrics import read_metrics
+from cluster.rundir import RunDir
 from cluster.store import ParquetStore
 from experiments.run import main
 
@@ -101,3 +102,9 @@ def test_pendulum_learns_with_two_ddp_workers(tmp_path, ray_cluster):
     run = tmp_path / "lift_pretrain" / "ddp"
     assert len(list((run / "data").glob("replay-rank*"))) == 2
     assert _replay_rows(run) == summary["env_steps"]
+    # every rank reported its own checkpoint file (Ray Train merged them) holding its own replay
+    import torch
+    ckpt = RunDir(run).learner_checkpoints()[-1]
+    ranks = [torch.load(ckpt / f"rank{r}.pt", weights_only=True) for r in (0, 1)]
+    assert all(r["buffer"]["size"] == summary["env_steps"] // 2 for r in ranks)
+    assert not torch.equal(ranks[0]["buffer"]["storage"]["obs"][:8], ranks[1]["buffer"]["storage"]["obs"][:8])

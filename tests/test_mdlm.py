@@ -47,7 +47,8 @@ class FactorizedDenoiser(nn.Module):
 
 def tiny_denoiser(vocab_size: int = 3, seq_len: int = 4, seed: int = 0, scale: float = 3.0) -> MaskedDenoiser:
     torch.manual_seed(seed)
-    model = MaskedDenoiser(DenoiserConfig(vocab_size=vocab_size, seq_len=seq_len, d_model=32, n_layers=1, n_heads=2))
+    model = MaskedDenoiser(DenoiserConfig(vocab_size=vocab_size, seq_len=seq_len, d_model=32, n_layers=1, n_heads=2,
+                                          bf16=False))  # exact numerics on every CPU
     with torch.no_grad():
         model.head.weight.mul_(scale)  # a sharper, context-dependent law than the near-uniform init
     return model.eval()
@@ -81,6 +82,26 @@ def test_denoiser_config_validation():
         DenoiserConfig(vocab_size=1, seq_len=8)
     with pytest.raises(ValueError, match="steps"):
         PretrainConfig(steps=0)
+
+
+def test_bf16_auto_is_resolved_by_the_hardware_and_legacy_bundles_load(monkeypatch):
+    import algos.vidd.mdlm as mdlm
+    calls = []
+
+    def fake_use_bf16(setting, device):
+        calls.append((setting, torch.device(device).type))
+        return False
+
+    monkeypatch.setattr(mdlm, "use_bf16", fake_use_bf16)
+    model = MaskedDenoiser(DenoiserConfig(vocab_size=3, seq_len=4, d_model=8, n_layers=1, n_heads=2))
+    assert model.cfg.bf16 == "auto"  # the default
+    logits = model(torch.full((2, 4), 3))
+    assert calls == [("auto", "cpu")] and logits.dtype == torch.float32
+    # bundles saved before the switch carry use_bf16
+    legacy = DenoiserConfig.from_dict({"vocab_size": 3, "seq_len": 4, "d_model": 8, "n_heads": 2, "use_bf16": True})
+    assert legacy.bf16 is True
+    with pytest.raises(ValueError, match="bf16"):
+        DenoiserConfig(vocab_size=3, seq_len=4, bf16="sometimes")
 
 
 def test_subs_parameterisation_keeps_unmasked_tokens():
@@ -195,7 +216,7 @@ def test_pretraining_lowers_heldout_nelbo():
         x[:, i] = torch.where(stay, x[:, i - 1], torch.randint(0, V, (n,), generator=g))
     train, heldout = x[:1000], x[1000:]
     torch.manual_seed(0)
-    model = MaskedDenoiser(DenoiserConfig(vocab_size=V, seq_len=L, d_model=32, n_layers=1, n_heads=2))
+    model = MaskedDenoiser(DenoiserConfig(vocab_size=V, seq_len=L, d_model=32, n_layers=1, n_heads=2, bf16=False))
     before = nelbo(model, heldout, n_time_samples=8, generator=torch.Generator().manual_seed(1)).mean()
     pretrain(model, train, PretrainConfig(steps=150, batch_size=64, lr=3e-3, warmup_steps=10), g)
     after = nelbo(model, heldout, n_time_samples=8, generator=torch.Generator().manual_seed(1)).mean()

@@ -162,6 +162,24 @@ def test_config_validation_and_presets():
     assert smoke.actor_hidden == (8, 8, 8) and len(smoke.critic_hidden) == len(hum.critic_hidden)
 
 
+def test_bf16_is_chosen_by_the_hardware_unless_a_config_says_so(monkeypatch, caplog):
+    """Issue 13: no preset switches bf16 on by hand; SACConfig.bf16 defaults to "auto", which the agent resolves on
+    its device with algos.precision.use_bf16 (fp32 on a CPU without AMX/AVX512-BF16); true/false still win."""
+    from algos import precision
+    from algos.lift.agent import SACAgent
+    from algos.lift.sac import PRESETS
+    assert SACConfig().bf16 == "auto"
+    assert all(p["bf16"] in ("auto", False) for p in PRESETS.values()), "a preset hand-sets bf16"
+    with pytest.raises(ValueError, match="bf16"):
+        SACConfig(bf16="yes")
+    for native in (False, True):
+        monkeypatch.setattr(precision, "cpu_flags", lambda native=native: {"avx2", *(["amx_bf16"] if native else [])})
+        precision.bf16_native.cache_clear()
+        assert SACAgent(3, 1, SACConfig.preset("humanoid", actor_hidden=[8], critic_hidden=[8])).bf16 is native
+        assert SACAgent(3, 1, SACConfig(bf16=False)).bf16 is False
+    precision.bf16_native.cache_clear()
+
+
 def test_update_requires_g_times_b_rows_and_asymmetric_inputs():
     cfg = SACConfig.preset("smoke")
     agent = SACAgent(OBS, ACT, cfg, critic_obs_dim=7)

@@ -173,3 +173,72 @@ def test_sweep_killed_then_resumed(ray_cluster, tmp_path):
     assert len(pd.read_csv(sweep_path / "results.csv")) == len(table)
     png = (sweep_path / "plots" / "transitions_per_s.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
+
+
+# -- PBT over a Ray Train learner: the recipient continues from the donor's learner state -------------------------
+
+def _counting_learner(config: dict) -> None:
+    """A learner whose whole state is (step, value): value grows by lr per step; a checkpoint after every step. It logs
+    every state it checkpoints and the state it starts from (``states.jsonl``/``starts.jsonl`` under the root)."""
+    from cluster import ddp
+    root, trial = Path(config["root"]), config["trial"]
+    state, start = {"step": 0, "value": 0.0}, "fresh"
+    with ddp.latest_checkpoint() as ckpt:
+        if ckpt is not None:
+            state, start = json.loads((ckpt / "rank0.json").read_text()), str(ckpt)
+    with open(root / "starts.jsonl", "a") as fh:
+        fh.write(json.dumps({"trial": trial, "donor": "learner.init" in start, **state}) + "\n")
+    for _ in range(config["steps"]):
+        state["step"] += 1
+        state["value"] += config["lr"]
+        with ddp.checkpoint_dir() as d:
+            (d / "rank0.json").write_text(json.dumps(state))
+            with open(root / "states.jsonl", "a") as fh:
+                fh.write(json.dumps({"trial": trial, **state}) + "\n")
+            ddp.report({"step": state["step"], "value": state["value"], "lr": config["lr"],
+                        "from_donor": float("learner.init" in start)}, checkpoint_dir=d)
+        time.sleep(0.2)
+
+
+def _pbt_trial(params: dict, root: str) -> None:
+    from cluster import tune_trial
+    from cluster.train import TrainConfig, fit
+    run = Path(root) / tune_trial.trial_id()
+    record = tune_trial.trial_checkpoint()
+    if record is not None:
+        tune_trial.start_from(record, run, run / "checkpoints")
+    tune_trial.run_in_trial(lambda: fit(_counting_learner, {"lr": params["lr"], "steps": 6 if record is None else 2,
+                                                               "root": root, "trial": run.name},
+                                        name="learner", storage_path=run / "checkpoints",
+                                        train=TrainConfig(num_workers=1, cpus_per_worker=0.25)), run_path=run)
+
+
+def test_pbt_exploit_moves_the_learner_state(ray_cluster, tmp_path):
+    """Two trials learn at lr 0.01 and 1.0; PBT makes the worse one exploit the better one: the recipient restarts
+    from the donor's Ray Train checkpoint, so its next step and value continue the donor's, not its own."""
+    from cluster.tune import SchedulerConfig, SweepConfig, run_sweep
+    sweep = SweepConfig(space={"lr": {"choice": [0.01, 1.0]}}, metric="value", mode="max", num_samples=1,
+                        max_concurrent=2, trial_cpus=0.05, max_failures=0,
+                        scheduler=SchedulerConfig(name="pbt", perturbation_interval=2, quantile_fraction=0.5,
+                                                  resample_probability=0.0))
+    sweep.params = {"lr": ("grid", [0.01, 1.0])}  # both values, one trial each
+    import ray
+    free_before = ray.available_resources().get("CPU", 0.0)
+    results = run_sweep(_pbt_trial, sweep, tmp_path / "tune", resume=False, root=str(tmp_path / "runs"))
+    # stopped trials' learners hand their CPUs back (a leaked placement group starves the next learner forever)
+    deadline = time.monotonic() + 30
+    while ray.available_resources().get("CPU", 0.0) < free_before - 1e-6 and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert ray.available_resources().get("CPU", 0.0) >= free_before - 1e-6, (free_before, ray.available_resources())
+    assert not any(r.error for r in results), [r.error for r in results]
+    def lines(name: str) -> list[dict]:
+        return [json.loads(line) for line in (tmp_path / "runs" / name).read_text().splitlines()]
+    states, starts = lines("states.jsonl"), [s for s in lines("starts.jsonl") if s["donor"]]
+    assert starts, "PBT never exploited: " + str(states)
+    for start in starts:
+        # the recipient's learner started from a state (weights, optimiser, ... here: step and value) that the
+        # donor's learner had checkpointed, not from its own
+        written_by = {s["trial"] for s in states if (s["step"], s["value"]) == (start["step"], start["value"])}
+        assert written_by - {start["trial"]}, (start, states)
+    for name, df in ((r.metrics_dataframe["trial_id"].iloc[0], r.metrics_dataframe) for r in results):
+        assert not df.empty and df["step"].iloc[-1] >= 6, (name, df[["step", "value"]].values.tolist())

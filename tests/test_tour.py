@@ -1,16 +1,14 @@
-"""The main job with tiny budgets: every method runs as its own driver on one shared pool, the report has every
-section, plot and claim row, and its numbers are the ones in the runs' metrics files."""
+"""The main job with tiny budgets (run by tests/test_rehearsal.py on the multi-node cluster): every method runs as its
+own driver on one shared pool, the report has every section, plot and claim row, and its numbers are the ones in the
+runs' metrics files."""
 from __future__ import annotations
 
 import json
 import math
 import re
-import uuid
-
-import pytest
+from pathlib import Path
 
 from cluster.metrics import read_metrics
-from experiments.run import main
 
 TINY = [
     'experiment.lift_pretrain=["experiment.total_env_steps=1536","experiment.eval_every_steps=512",'
@@ -34,18 +32,10 @@ def _close(a: float, b: float) -> bool:
     return math.isclose(float(a), float(b), rel_tol=1e-6, abs_tol=1e-9)
 
 
-@pytest.mark.slow
-def test_tour_runs_every_method_and_reports_what_the_metrics_say(tmp_path, ray_cluster):
-    pool = f"tour-{uuid.uuid4().hex[:6]}"
-    from cluster.pool import SharedPool
-    try:
-        main(["experiment=tour", f"output_dir={tmp_path}", "run_name=t", f"pool.name={pool}", *TINY])
-    finally:
-        try:
-            SharedPool.attach({"name": pool}, create=False).shutdown()
-        except ValueError:
-            pass
-    report_dir = tmp_path / "tour" / "t" / "report"
+def check_tour(tour_run: Path) -> None:
+    """The tour's report has every section, plot and claim row, and its numbers are the ones in the runs' metrics
+    files. The tour itself runs on the multi-node rehearsal cluster (tests/test_rehearsal.py)."""
+    report_dir = tour_run / "report"
     report = (report_dir / "report.md").read_text()
     data = json.loads((report_dir / "report.json").read_text())
     assert data["failures"] == [], data["failures"]
@@ -59,7 +49,7 @@ def test_tour_runs_every_method_and_reports_what_the_metrics_say(tmp_path, ray_c
     for heading in ("## VIDD", "## AttnRL"):
         assert heading in report
 
-    runs = tmp_path / "tour" / "t" / "runs"
+    runs = tour_run / "runs"
     pre = json.loads((runs / "lift_pretrain" / "lift_pretrain" / "summary.json").read_text())
     df = read_metrics(runs / "lift_pretrain" / "lift_pretrain").dropna(subset=["eval_return"])
     assert _close(pre["final_eval_return"], df["eval_return"].iloc[-1])
@@ -99,3 +89,12 @@ def test_status_line_reads_progress_behind_ray_prefixes(tmp_path):
     assert _last_progress(log) == "1368/8192 queries (17%) 136.8 queries/s ETA 0:49"
     log.write_text("[tour] cluster up\n")
     assert _last_progress(log) == "starting"
+
+
+def test_a_paper_claim_holds_only_when_the_seed_paired_interval_excludes_zero():
+    from experiments.tour_report import paired_verdict
+    assert paired_verdict([0.3]).startswith("not shown at this budget (1 seed")  # one seed is never enough
+    assert paired_verdict([0.10, 0.12, 0.09, 0.11, 0.10]) == "yes"
+    assert paired_verdict([0.1, -0.2, 0.05, 0.0, -0.1]).startswith("not shown at this budget (5 seeds")
+    assert paired_verdict([-0.10, -0.12, -0.11]) == "no (reversed)"
+    assert paired_verdict([-300, -250, -280], higher_is_better=False) == "yes"  # fewer real steps is better

@@ -55,7 +55,8 @@ def count_of_twos(tokens) -> tuple[np.ndarray, dict]:
 
 def tiny_pretrained(seed: int = 0) -> MaskedDenoiser:
     torch.manual_seed(seed)
-    model = MaskedDenoiser(DenoiserConfig(vocab_size=V, seq_len=L, d_model=32, n_layers=1, n_heads=2))
+    model = MaskedDenoiser(DenoiserConfig(vocab_size=V, seq_len=L, d_model=32, n_layers=1, n_heads=2,
+                                          bf16=False))  # exact tiny-space checks: fp32 on every CPU
     with torch.no_grad():
         model.head.weight.mul_(3.0)  # a context-dependent, non-uniform "pretrained" law
     return model.eval()
@@ -99,13 +100,13 @@ def test_collect_batch_values_weights_and_loss_on_a_fixed_example():
     assert batch.v_current.item() == pytest.approx(0.5)
     assert batch.v_next.item() == pytest.approx((batch.x_next == 2).float().mean().item())
     cfg = VIDDConfig(alpha=0.25, num_sampling_steps=2, timesteps_per_trajectory=None)
-    expected_w = math.exp((batch.v_next.item() - 0.5) / 0.25)
     log_p = logits.log_softmax(-1)
     revealed = [0, 2, 3]
     expected_log_p = sum(log_p[pos, batch.x_next[0, pos]].item() for pos in revealed)
     loss, metrics = vidd_loss(model, batch, cfg)
-    assert loss.item() == pytest.approx(-expected_w * expected_log_p, rel=1e-5)
-    assert metrics["weight_mean"] == pytest.approx(expected_w, rel=1e-5)
+    # one transition: its weight, normalised to mean 1 over the batch, is 1
+    assert loss.item() == pytest.approx(-expected_log_p, rel=1e-5)
+    assert metrics["weight_max"] == pytest.approx(1.0)
     assert counter.n_queries == 2
 
     # a hand-made batch: weights exp((0.75 - 0.25) / 0.25) = e^2 and exp((0 - 0.5) / 0.25) = e^-2
@@ -117,8 +118,29 @@ def test_collect_batch_values_weights_and_loss_on_a_fixed_example():
         changed=torch.tensor([True, True]),
     )
     loss, _ = vidd_loss(model, hand, cfg)
-    by_hand = -(math.exp(2.0) * log_p[0, 2] + math.exp(-2.0) * log_p[0, 0]) / 2
+    mean_w = (math.exp(2.0) + math.exp(-2.0)) / 2  # the batch's weights are normalised to mean 1
+    by_hand = -(math.exp(2.0) * log_p[0, 2] + math.exp(-2.0) * log_p[0, 0]) / 2 / mean_w
     assert loss.item() == pytest.approx(by_hand.item(), rel=1e-5)
+
+
+def test_weights_stay_finite_when_value_gaps_overflow_exp():
+    """|v' - v| / alpha of ~300 (a composite reward at alpha 0.003): exp overflows float32 in linear space; the
+    log-sum-exp normalisation gives the exact normalised weights (softmax times n), so the loss stays finite."""
+    model = TableDenoiser(torch.zeros(L, V))
+    m = model.mask_id
+    batch = VIDDBatch(
+        x_t=torch.tensor([[m, m, m, m]] * 3), x_next=torch.tensor([[0, m, m, m], [1, m, m, m], [2, m, m, m]]),
+        t=torch.ones(3), s=torch.full((3,), 0.5), v_current=torch.zeros(3),
+        v_next=torch.tensor([1.0, 0.1, -0.5]), changed=torch.ones(3, dtype=torch.bool))
+    assert not torch.isfinite(soft_optimal_weights(batch.v_next, batch.v_current, alpha=0.003)).all()
+    for per_step in (False, True):
+        cfg = VIDDConfig(alpha=0.003, self_normalize_weights=per_step)
+        loss, metrics = vidd_loss(model, batch, cfg)
+        assert math.isfinite(loss.item()) and metrics["weight_max"] == pytest.approx(3.0)
+        # weight 3 on the best transition, ~0 on the others; log p of one revealed token under uniform logits
+        assert loss.item() == pytest.approx(3.0 * math.log(V) / 3, rel=1e-5)
+    assert torch.allclose(per_step_normalized(torch.tensor([1e-40, 1e-39]), torch.ones(2), torch.ones(2).bool()),
+                          torch.tensor([2 / 11, 20 / 11]))
 
 
 def test_exact_teacher_term_is_an_unbiased_control_variate():

@@ -6,6 +6,7 @@ from __future__ import annotations
 import uuid
 
 import numpy as np
+import pytest
 import torch
 
 from algos.vidd.mdlm import DenoiserConfig, MaskedDenoiser
@@ -87,6 +88,52 @@ def test_sampler_counts_oracle_errors_and_empty_molecules_without_crashing():
 
 
 
+def test_sampler_final_sample_requests_stay_within_their_allowance():
+    vocab = _vocab()
+    cfg = _sampler_config(vocab, {"kind": "qed"})
+    sampler = DiffusionSampler(cfg)
+    sampler.load_weights(_weights(cfg), 1)
+    out = sampler.sample({"kind": "x0", "n": 8, "seed": 1, "model": "pretrained", "steps_per_trajectory": 2,
+                          "max_queries": 10, "value_model": "pretrained"})
+    assert out["queries"] <= 10 and 1 <= len(out["x_t"]) == len(out["r_final"]) == len(out["v_current"])
+    assert out["valid"].dtype == bool and (out["x_t"] == vocab.size).any(axis=1).all()
+    free = sampler.sample({"kind": "x0", "n": 8, "seed": 1, "model": "pretrained", "steps_per_trajectory": 2,
+                           "max_queries": 100, "value_model": None})  # RW_MLE: final samples only
+    assert free["queries"] <= len(np.unique(free["final_tokens"], axis=0)) and (free["v_current"] == 0).all()
+
+
+@pytest.mark.filterwarnings("ignore:for .*copying from a non-meta parameter")  # meta stands in for the GPU
+def test_diffusion_sampler_runs_in_the_gpu_group_on_its_assigned_device(monkeypatch):
+    import experiments.vidd.sampler as sampler_module
+    from cluster.devices import pick_device
+    from experiments.vidd import SAMPLERS
+    assert SAMPLERS["diffusion"] == ("experiments.vidd.sampler:DiffusionSampler", "gpu")
+    # the selection logic picks the GPU Ray assigned when CUDA works (checked without CUDA)
+    assert pick_device([0], cuda_available=True) == torch.device("cuda", 0)
+    assert pick_device([], cuda_available=True) == torch.device("cpu")
+    calls = []
+    monkeypatch.setattr(sampler_module, "assigned_device", lambda: calls.append(1) or torch.device("meta"))
+    cfg = _sampler_config(_vocab(), {"kind": "qed"})
+    sampler = DiffusionSampler(cfg)
+    sampler.load_weights(_weights(cfg), 1)
+    assert calls == [1] and sampler.device == torch.device("meta")
+    assert all(p.device.type == "meta" for m in sampler.models.values() for p in m.parameters())
+
+
+def test_paper_presets_keep_the_teacher_refreshing_and_small_budgets_are_flagged(caplog):
+    from experiments.config import ConfigError, load
+    for name, extra in (("vidd_dna", []), ("vidd_molecule", []), ("vidd_protein", ["experiment.fasta=demo"])):
+        exp = load([f"experiment={name}", "scale=paper", *extra])["_typed"]["experiment"]
+        assert exp.refresh_check == "error" and exp.expected_refreshes("vidd")[1] >= exp.min_teacher_refreshes >= 5
+        assert exp.bf16 == "auto"  # precision by hardware, not by hand
+        # the old paper sizes (all T steps per trajectory): a handful of iterations, 0-1 refreshes, refused
+        with pytest.raises(ConfigError, match="teacher refreshes"):
+            load([f"experiment={name}", "scale=paper", "experiment.timesteps_per_trajectory=null", *extra])
+    with caplog.at_level("WARNING"):
+        load(["experiment=vidd_molecule", "experiment.query_budget=512"])
+    assert "degenerates into standard fine-tuning" in caplog.text
+
+
 def test_vidd_molecule_end_to_end_through_pool_and_train(tmp_path, ray_cluster):
     from experiments.run import main
     pool = f"vidd-{uuid.uuid4().hex[:6]}"
@@ -94,7 +141,7 @@ def test_vidd_molecule_end_to_end_through_pool_and_train(tmp_path, ray_cluster):
     try:
         summary = main([
             "experiment=vidd_molecule", f"output_dir={tmp_path}", "run_name=smoke", f"pool.name={pool}",
-            "experiment.methods=[vidd,best_of_n]", "experiment.n_train=300", "experiment.n_heldout=30",
+            "experiment.methods=[vidd,best_of_n,ddpp]", "experiment.n_train=300", "experiment.n_heldout=30",
             "experiment.seq_len=24", "experiment.d_model=32", "experiment.n_layers=1", "experiment.n_heads=2",
             "experiment.pretrain_steps=20", "experiment.num_sampling_steps=6", f"experiment.query_budget={budget}",
             "experiment.batch_size=8", "experiment.timesteps_per_trajectory=2", "experiment.refresh_interval=2",
@@ -113,7 +160,7 @@ def test_vidd_molecule_end_to_end_through_pool_and_train(tmp_path, ray_cluster):
     assert set(summary) == {"task", "query_budget", "pretrained", "methods", "plots"}
     assert summary["task"] == "molecule" and summary["query_budget"] == budget
     assert set(summary["pretrained"]) == {"median_reward", "top10_reward", "nll", "diversity", "validity"}
-    assert set(summary["methods"]) == {"vidd", "best_of_n"}
+    assert set(summary["methods"]) == {"vidd", "best_of_n", "ddpp"}
     keys = {"median_reward", "top10_reward", "mean_reward", "nll", "diversity", "validity", "uniqueness", "queries",
             "wall_s"}
     for m, s in summary["methods"].items():
@@ -129,9 +176,11 @@ def test_vidd_molecule_end_to_end_through_pool_and_train(tmp_path, ray_cluster):
     vidd_rows = df[df["method_id"] == 0]
     assert vidd_rows["queries"].is_monotonic_increasing and vidd_rows["queries"].max() <= budget
     assert vidd_rows["reward_median"].notna().sum() >= 2  # evaluated on schedule and at the end
-    assert {-1.0, 0.0, 1.0} <= set(df["method_id"].unique())
+    assert {-1.0, 0.0, 1.0, 4.0} <= set(df["method_id"].unique())  # pretrained, vidd, best_of_n, ddpp
+    ddpp_rows = df[df["method_id"] == 4]
+    assert ddpp_rows["queries"].max() <= budget and ddpp_rows["teacher_refreshed"].fillna(0).sum() >= 1
     samples = ParquetStore(run / "data" / "samples").read().to_pandas()
-    assert set(samples["method"]) == {"pretrained", "best_of_n", "vidd"}
+    assert set(samples["method"]) == {"pretrained", "best_of_n", "vidd", "ddpp"}
     assert (samples.groupby("method").size() >= 16).all()
     assert samples["reward"].between(0, 1).all() and samples["sequence"].str.len().gt(0).any()
     # all diffusion sampling went through the pool: pretrained eval, best-of-N candidates, roll-ins, evaluations

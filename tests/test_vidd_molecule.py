@@ -35,7 +35,8 @@ def pretrained():
     torch.manual_seed(0)
     data = make_molecule_dataset(n_train=3000, n_heldout=200, max_len=MAX_LEN)
     model = MaskedDenoiser(
-        DenoiserConfig(vocab_size=data.vocab.size, seq_len=MAX_LEN, d_model=64, n_layers=2, n_heads=4, ff_mult=2)
+        DenoiserConfig(vocab_size=data.vocab.size, seq_len=MAX_LEN, d_model=64, n_layers=2, n_heads=4, ff_mult=2,
+                       bf16=False)
     )
     heldout_before = nelbo(model, data.heldout_tokens, n_time_samples=4, generator=torch.Generator().manual_seed(1))
     pretrain(model, data.train_tokens, PretrainConfig(steps=300, batch_size=64, lr=2e-3, warmup_steps=20),

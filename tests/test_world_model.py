@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from algos.lift.world_model import (BlackBoxEnsemble, PhysicsWorldModel, WorldModelConfig, integrate_positions,
-                                    quaternion_integrate)
+from algos.lift.integration import integrate_positions, quaternion_integrate
+from algos.lift.world_model import BlackBoxEnsemble, PhysicsWorldModel, WorldModelConfig
 from algos.lift.world_model_training import (TRANSITION_COLUMNS, EarlyStopping, as_tensors, episode_ids,
                                              gather_windows, multistep_errors, successor_index, train_world_model,
                                              windows)
@@ -263,3 +263,96 @@ def test_physics_model_trains_and_rolls_out_on_humanoid():
     assert out["next_state"].shape == (4, 8, 47) and torch.isfinite(out["next_state"]).all()
     torch.testing.assert_close(out["next_state"][..., 3:7].norm(dim=-1), torch.ones(4, 8))
     assert ((out["reward"][0] > 3.0) & (out["reward"][0] < 7.0)).all()  # alive bonus 5 ± a small velocity term
+
+
+# ------------------------------------------------------------------------------------ retraining in finetuning (stage 3)
+
+def test_training_leaves_the_global_torch_rng_alone(walker):
+    """The finetuning learner retrains the model every epoch; SAC's policy noise draws from the global RNG, which a
+    reseed inside the fit would reset to the same stream every epoch."""
+    env, prior = walker
+    data = collect(env, 300, seed=7)
+    model = PhysicsWorldModel(prior, 6, WorldModelConfig(hidden_sizes=(16,), train_steps=5, eval_every=5,
+                                                         eval_horizon=2))
+    torch.manual_seed(123)
+    before = torch.get_rng_state()
+    train_world_model(model, data)
+    assert torch.equal(torch.get_rng_state(), before)
+
+
+def test_short_holdout_episodes_do_not_raise_after_training(walker):
+    """Hold-out episodes shorter than eval_horizon: the fit runs and reports the long error as NaN (it used to train,
+    then raise in the error evaluation, and the finetuning learner logged a retraining 'skipped' that had in fact
+    changed the model). A fit that is refused is refused before the model changes."""
+    env, prior = walker
+    data = collect(env, 400, seed=8)
+    short = {k: v.copy() for k, v in data.items()}
+    short["truncated"][3::4] = 1.0  # every episode cut into 4-step pieces: 10-step windows never fit
+    cfg = WorldModelConfig(hidden_sizes=(16,), train_steps=20, eval_every=10, eval_horizon=10)
+    model = PhysicsWorldModel(prior, 6, cfg)
+    out = train_world_model(model, short, cfg)
+    assert np.isfinite(out["error_1step"]) and np.isnan(out["error_10step"])
+    assert np.isfinite(out["error_curve"][:4]).all() and np.isnan(out["error_curve"][4:]).all()
+    single = {k: v.copy() for k, v in data.items()}
+    single["truncated"][:] = 1.0  # one-step episodes: still a 1-step error
+    assert np.isfinite(train_world_model(model, single, cfg, scalers="refit")["error_1step"])
+    snapshot = {k: v.clone() for k, v in model.state_dict().items()}
+    with pytest.raises(ValueError, match="scalers"):
+        train_world_model(model, data, cfg, scalers="sometimes")
+    for key, value in model.state_dict().items():
+        assert torch.equal(value, snapshot[key]), f"{key} changed although the fit was refused"
+
+
+@pytest.mark.parametrize("kind", ["physics", "black_box"])
+def test_scaler_refit_keeps_predictions_and_lets_the_residual_grow(walker, kind):
+    """LIFT refits its scalers at each retraining: after ``refit_normalizers`` on data of a changed env the scalers
+    are that data's, while every predicted mean (and variance) is what it was before."""
+    env, prior = walker
+    nominal, changed_env = collect(env, 400, seed=9), gym.make("Walker2d-v5")
+    changed_env.unwrapped.model.geom_friction[:, 0] *= 0.3
+    changed_env.unwrapped.model.body_mass[1] *= 1.5
+    changed = collect(changed_env, 300, seed=10)
+    cfg = WorldModelConfig(hidden_sizes=(32, 32), train_steps=30, eval_every=30, eval_horizon=3)
+    torch.manual_seed(0)
+    model = PhysicsWorldModel(prior, 6, cfg) if kind == "physics" else BlackBoxEnsemble.like(prior, 6, cfg)
+    train_world_model(model, nominal, cfg)
+    tensors = as_tensors(changed, torch.float32)
+    state = torch.cat((tensors["qpos"], tensors["qvel"]), -1)[:64]
+    mean_before, logvar_before = model.predict(state, tensors["action"][:64])
+    old_scale = (model.tau_std if kind == "physics" else model.delta_std).clone()
+    model.refit_normalizers(tensors)
+    mean_after, logvar_after = model.predict(state, tensors["action"][:64])
+    torch.testing.assert_close(mean_after, mean_before, rtol=1e-4, atol=1e-4)
+    if kind == "physics":  # one member: its log-variance is kept where the soft clamp is ~linear
+        inside = (logvar_before > cfg.min_logvar + 4) & (logvar_before < cfg.max_logvar - 4)
+        torch.testing.assert_close(logvar_after[inside], logvar_before[inside], rtol=0.05, atol=0.05)
+    new_scale = model.tau_std if kind == "physics" else model.delta_std
+    assert not torch.allclose(new_scale, old_scale), "the scalers must follow the new data"
+
+
+def test_ablation_models_drop_the_residual_or_the_prior(walker):
+    """prior_only: τ_θ = 0, the next state is the rigid-body prior's alone; residual_only (NoPrior): M = I and no
+    forces, so an untrained residual (the τ* mean of its data) moves every state alike."""
+    from algos.lift.world_model import NoPrior
+    env, prior = walker
+    data = collect(env, 200, seed=11)
+    tensors = as_tensors(data, torch.float64)
+    state = torch.cat((tensors["qpos"], tensors["qvel"]), -1)[:16]
+    cfg = WorldModelConfig(hidden_sizes=(16,))
+    prior_only = PhysicsWorldModel(prior, 6, cfg, residual=False).double()
+    prior_only.fit_normalizers(tensors)
+    tau, _ = prior_only.residual_force(state, tensors["action"][:16])
+    assert torch.count_nonzero(tau) == 0
+    minv_h, force = prior.terms(tensors["qpos"][:16], tensors["qvel"][:16], tensors["action"][:16])
+    accel = (minv_h @ force.unsqueeze(-1)).squeeze(-1)
+    expected_qvel = tensors["qvel"][:16] + prior.n_substeps * prior.timestep * accel
+    mean, _ = prior_only.predict(state, tensors["action"][:16])
+    torch.testing.assert_close(mean[:, prior.nq:], expected_qvel)
+    no_prior = NoPrior(prior)
+    eye, zero = no_prior.terms(tensors["qpos"][:3], tensors["qvel"][:3], tensors["action"][:3])
+    assert torch.equal(eye, torch.eye(prior.nv, dtype=torch.float64).expand(3, -1, -1)) and not zero.any()
+    residual_only = PhysicsWorldModel(no_prior, 6, cfg).double()
+    residual_only.fit_normalizers(tensors)
+    span = prior.n_substeps * prior.timestep
+    ideal = (tensors["next_qvel"] - tensors["qvel"]) / span  # τ* with M = I and no forces: the acceleration
+    torch.testing.assert_close(residual_only.tau_mean, ideal.mean(0))

@@ -55,17 +55,21 @@ def responses_to_expand(correct: Sequence[bool], num_trees: int, rng: random.Ran
 
 
 def adaptive_expansion(correct: Sequence[bool], problem_fci: float, fci_of_solved: RunningMean | None,
-                       rng: random.Random, rounding: str = "ceil") -> list[int]:
-    """Difficulty-aware expansion (Eq. 9) plus attention-based filtering (Eq. 8).
+                       rng: random.Random, rounding: str = "ceil", difficulty_expansion: bool = True) -> list[int]:
+    """Which initial responses of one problem to branch: attention-based filtering (Eq. 8), then difficulty-aware
+    expansion (Eq. 9), each of which can be off on its own (the paper's two ADS ablations).
 
     All-correct problems are branched only if their mean FCI exceeds the running mean over all all-correct
     problems seen so far (update the running mean with the current batch first, as the reference code does);
     otherwise they get no continuations and are not trained on. ``fci_of_solved=None`` disables the filter.
+    With ``difficulty_expansion`` off every response of a problem that passes the filter is branched.
     """
     n = len(correct)
     accuracy = sum(map(bool, correct)) / n
     if accuracy == 1.0 and fci_of_solved is not None and not problem_fci > fci_of_solved.mean:
         return []
+    if not difficulty_expansion:
+        return list(range(n))
     return responses_to_expand(correct, expansion_count(n, accuracy, rounding), rng)
 
 

@@ -1,11 +1,15 @@
-"""Where to branch a response: Attention-based Tree Branching, ATB (AttnRL Eq. 7), and the entropy-based
-branching of TreeRL that ATB replaces (the ``entropy_tree`` baseline).
+"""Where to branch a response: Attention-based Tree Branching, ATB (AttnRL Eq. 7), the entropy-based branching of
+TreeRL that ATB replaces (the ``entropy_tree`` baseline), and the step-level controls that tell whether attention
+matters: the earliest steps, random steps, and the steps of the answer's true dependency cone (an oracle).
 
-Both return response offsets: a continuation keeps the response up to the offset and resamples from there on.
+All return response offsets: a continuation keeps the response up to the offset and resamples from there on. The
+step-level rules branch at the first token of a step and never at the first response step (branching there is
+just another fresh sample).
 """
 
 from __future__ import annotations
 
+import random
 from typing import Sequence
 
 import torch
@@ -64,3 +68,28 @@ def select_entropy_branch_points(entropies: Sequence[float], num_points: int, mi
         if i >= min_token_distance and all(abs(i - c) >= min_token_distance for c in chosen):
             chosen.append(i)
     return sorted(chosen)
+
+
+def select_earliest_branch_points(step_starts: Sequence[int], num_points: int) -> list[int]:
+    """The first tokens of the ``num_points`` earliest response steps after the first (the paper's "w/ Early 2
+    steps" ablation: what ATB amounts to when FCI carries no information beyond position)."""
+    return list(step_starts[1:1 + max(num_points, 0)])
+
+
+def select_random_branch_points(step_starts: Sequence[int], num_points: int, rng: random.Random,
+                                exclude_last: bool = True) -> list[int]:
+    """The first tokens of ``num_points`` response steps drawn uniformly without replacement, after the first step
+    and (with ``exclude_last``, when there are at least three steps) before the last one, the answer line. Sorted."""
+    last = len(step_starts) - 1 if exclude_last and len(step_starts) >= 3 else len(step_starts)
+    candidates = list(step_starts[1:last])
+    return sorted(rng.sample(candidates, min(max(num_points, 0), len(candidates))))
+
+
+def select_oracle_branch_points(in_cone: Sequence[bool], step_starts: Sequence[int], num_points: int) -> list[int]:
+    """The first tokens of the earliest response steps (after the first) that belong to the answer's dependency cone;
+    the earliest remaining steps fill up. ``in_cone[i]`` says whether response step i + 1 feeds the answer (entries
+    past ``in_cone`` count as outside the cone: a response may have more lines than the reference)."""
+    steps = range(1, len(step_starts))
+    inside = [i for i in steps if i < len(in_cone) and in_cone[i]]
+    outside = [i for i in steps if not (i < len(in_cone) and in_cone[i])]
+    return sorted(step_starts[i] for i in (inside + outside)[:max(num_points, 0)])

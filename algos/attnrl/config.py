@@ -5,7 +5,17 @@ from __future__ import annotations
 import copy
 from dataclasses import dataclass
 
-METHODS = ("attnrl", "grpo", "entropy_tree")
+# Appended, never reordered: experiments/attnrl stores a method as its index in this tuple.
+METHODS = ("attnrl", "grpo", "entropy_tree", "attn_tree", "earliest_tree", "random_tree", "oracle_tree")
+
+# Where each tree method branches (algos.attnrl.branching). ``attnrl`` adds Adaptive Sampling and the one-step
+# off-policy pipeline; the other tree methods sample and train as TreeRL does (every response branched, on-policy,
+# no filters), so they differ from ``entropy_tree`` only in the branch points: ``attn_tree`` is ATB alone, and
+# ``earliest_tree`` / ``random_tree`` / ``oracle_tree`` are its controls (the two earliest steps after the first,
+# random steps, the earliest steps of the answer's true dependency cone, which only a synthetic task knows).
+BRANCHING_OF_METHOD = {"attnrl": "fci", "entropy_tree": "entropy", "attn_tree": "fci", "earliest_tree": "earliest",
+                       "random_tree": "random", "oracle_tree": "oracle"}
+BRANCHING_RULES = ("fci", "entropy", "earliest", "random", "oracle")
 
 
 @dataclass
@@ -34,8 +44,9 @@ class RLConfig:
     continuations_per_point: int = 2  # T
     rho: float = 0.2  # ATB: fraction of response steps (top FCI) that are branching candidates
     delta: int = 1  # paper 4 (long traces); the laptop task has 2-5 steps
-    zero_first_step: bool = False
+    zero_first_step: bool = True  # the released code zeroes the first response step's FCI (process_attn_type set)
     min_branch_distance: int = 1  # tokens; paper 512
+    branching: str | None = None  # None -> the method's rule (BRANCHING_OF_METHOD); one of BRANCHING_RULES
     temperature: float = 1.0
     max_response_tokens: int | None = None  # None -> task.max_response_chars()
     lr: float = 1e-4  # paper 1e-6 for a 1.5B model
@@ -72,6 +83,8 @@ class RLConfig:
             raise ValueError(f"lr must be > 0, got {self.lr}")
         if self.max_prompts_per_batch < max(self.min_prompts_per_batch, self.prompts_per_batch):
             raise ValueError("max_prompts_per_batch must be >= prompts_per_batch and min_prompts_per_batch")
+        if self.branching is not None and self.branching not in BRANCHING_RULES:
+            raise ValueError(f"branching must be one of {BRANCHING_RULES} or None, got {self.branching!r}")
 
     def resolved(self, method: str) -> RLConfig:
         """Copy with the method defaults filled in."""
@@ -84,6 +97,8 @@ class RLConfig:
                 adaptive_batch=False)
         if cfg.off_policy is None:
             cfg.off_policy = method == "attnrl"
+        if cfg.branching is None:
+            cfg.branching = BRANCHING_OF_METHOD.get(method)
         if cfg.target_valid_paths is None:
             cfg.target_valid_paths = 5 * cfg.samples_per_prompt * cfg.prompts_per_batch
         return cfg

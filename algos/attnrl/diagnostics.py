@@ -8,7 +8,7 @@ from typing import Sequence
 import torch
 
 from algos.attnrl.fci import fci_scores
-from algos.attnrl.lm import Policy, forward_scores
+from algos.attnrl.lm import GenerationRequest, Policy, forward_scores, generate
 
 
 def spearman(x: Sequence[float], y: Sequence[float]) -> float:
@@ -54,3 +54,123 @@ def fci_influence_correlation(policy: Policy, task, problems: Sequence, delta: i
     mean = lambda v: sum(v) / max(len(v), 1)  # noqa: E731
     return {"spearman": mean(correlations), "fci_vs_earliness": mean(earliness_correlations),
             "earliness_vs_influence": mean(baseline_correlations), "problems": len(correlations)}
+
+
+def branch_every_step(policy: Policy, task, problems: Sequence, continuations: int = 4, temperature: float = 1.0,
+                      deltas: Sequence[int] = (1, 2, 4), zero_first_step: bool = True,
+                      generator: torch.Generator | None = None, max_batch_size: int = 256) -> list[dict]:
+    """Branch one sampled response per problem at every response step and record what each branch point does.
+
+    For each problem the policy samples one response (at ``temperature``); responses whose line count differs
+    from the program's are dropped (their lines cannot be matched to the program's steps). From the first token
+    of every response step after the first, ``continuations`` continuations are sampled. Per step the record
+    holds: the outcome-flip rate (share of continuations whose reward differs from the original response's), whether
+    the branch group (original + continuations) has mixed outcomes, FCI for every delta (teacher-forced on the
+    original response, as the learner computes it), membership in the answer's dependency cone
+    (``task.dependency_cone``) and the number of direct readers (``task.influence``, not transitive).
+    """
+    codec = policy.codec
+    max_tokens = task.max_response_chars()
+    requests = [GenerationRequest(tuple(codec.encode(p.prompt)), tag=i) for i, p in enumerate(problems)]
+    originals = generate(policy, requests, max_tokens, temperature, generator, max_batch_size=max_batch_size)
+    kept = [r for r in originals if r.finished and len(r.step_starts) == problems[r.tag].difficulty + 1]
+    if not kept:
+        return []
+    branch_requests = [GenerationRequest(r.prompt_ids, tuple(r.response_ids[:start]), max_tokens - start,
+                                         tag=(k, s))
+                       for k, r in enumerate(kept) for s, start in enumerate(r.step_starts) if s >= 1
+                       for _ in range(continuations)]
+    branches = generate(policy, branch_requests, max_tokens, temperature, generator, max_batch_size=max_batch_size)
+    outcomes: dict[tuple[int, int], list[float]] = {}
+    for b in branches:
+        problem = problems[kept[b.tag[0]].tag]
+        outcomes.setdefault(b.tag, []).append(task.reward(problem, codec.decode(b.response_ids), b.finished))
+    with torch.no_grad():
+        alphas = forward_scores(policy, [r.prompt_ids for r in kept], [r.response_ids for r in kept],
+                                temperature, output_step_attention=True).step_attention
+    records = []
+    for k, (r, alpha) in enumerate(zip(kept, alphas)):
+        problem = problems[r.tag]
+        reward = task.reward(problem, codec.decode(r.response_ids), r.finished)
+        fci = {d: fci_scores(alpha, d, zero_first_step).tolist()[1:] for d in deltas}  # per response step
+        cone, readers = task.dependency_cone(problem), task.influence(problem, transitive=False)
+        steps = []
+        for s in range(1, len(r.step_starts)):
+            results = outcomes[(k, s)]
+            steps.append({"step": s, "flip": sum(x != reward for x in results) / len(results),
+                          "mixed": len(set(results) | {reward}) > 1, "in_cone": bool(cone[s]),
+                          "readers": readers[s], "fci": {d: fci[d][s] for d in deltas}})
+        records.append({"problem": r.tag, "difficulty": problem.difficulty, "reward": reward,
+                        "step_starts": r.step_starts, "first_step_in_cone": bool(cone[0]), "steps": steps})
+    return records
+
+
+def summarize_branching(records: Sequence[dict], deltas: Sequence[int] = (1, 2, 4), num_points: int = 2,
+                        rho: float = 0.2, seed: int = 0) -> dict:
+    """What :func:`branch_every_step` says about where to branch, over the branching candidates (computation
+    steps after the first; the answer line is left out).
+
+    * ``flip`` / ``mixed``: mean outcome-flip rate and share of mixed-outcome branch groups, over all candidates,
+      cone steps and distractor steps.
+    * ``spearman``: mean per-response rank correlation of FCI (per delta) with the flip rate, with cone membership
+      (the true dependency) and with the number of direct readers; the same for earliness (a position-only
+      ranking) and of the flip rate with cone membership, for calibration.
+    * ``rules``: for the branch points each rule picks (ATB per delta, earliest-2, random, the cone oracle): the
+      share in the cone, the mean flip rate and the mixed share; ``atb_equals_earliest``: how often ATB picks
+      exactly the earliest steps.
+    """
+    import random
+
+    from algos.attnrl.branching import (select_branch_points, select_earliest_branch_points,
+                                        select_oracle_branch_points, select_random_branch_points)
+
+    rng = random.Random(seed)
+    mean = lambda v: sum(v) / len(v) if v else float("nan")  # noqa: E731
+    cand_all, corr = [], {}
+    picks: dict[str, list[dict]] = {}
+    atb_is_earliest = {d: [] for d in deltas}
+
+    def add_corr(name: str, x: Sequence[float], y: Sequence[float]) -> None:
+        c = spearman(x, y)
+        if not math.isnan(c):
+            corr.setdefault(name, []).append(c)
+
+    for rec in records:
+        steps = rec["steps"][:-1]  # response steps 2..K; the last record is the answer line
+        if len(steps) < 2:
+            continue
+        cand_all += steps
+        flip, cone = [s["flip"] for s in steps], [float(s["in_cone"]) for s in steps]
+        earliness = [-s["step"] for s in steps]
+        add_corr("earliness~flip", earliness, flip)
+        add_corr("earliness~cone", earliness, cone)
+        add_corr("flip~cone", flip, cone)
+        for d in deltas:
+            fci = [s["fci"][d] for s in steps]
+            add_corr(f"fci(d={d})~flip", fci, flip)
+            add_corr(f"fci(d={d})~cone", fci, cone)
+            add_corr(f"fci(d={d})~readers", fci, [s["readers"] for s in steps])
+        by_start = {rec["step_starts"][s["step"]]: s for s in rec["steps"]}
+        starts = rec["step_starts"]
+        for d in deltas:
+            scores = [0.0, 0.0] + [s["fci"][d] for s in rec["steps"]]  # prompt, first response step (zeroed)
+            chosen = select_branch_points(scores, starts, num_points, rho)
+            picks.setdefault(f"atb(d={d})", []).extend(by_start[o] for o in chosen)
+            atb_is_earliest[d].append(chosen == select_earliest_branch_points(starts, num_points))
+        cone_flags = [rec["first_step_in_cone"]] + [s["in_cone"] for s in rec["steps"]]
+        for name, chosen in (("earliest", select_earliest_branch_points(starts, num_points)),
+                             ("random", select_random_branch_points(starts, num_points, rng)),
+                             ("oracle", select_oracle_branch_points(cone_flags, starts, num_points))):
+            picks.setdefault(name, []).extend(by_start[o] for o in chosen)
+
+    def stats(steps: Sequence[dict]) -> dict:
+        return {"n": len(steps), "in_cone": mean([float(s["in_cone"]) for s in steps]),
+                "flip": mean([s["flip"] for s in steps]), "mixed": mean([float(s["mixed"]) for s in steps])}
+
+    return {"responses": len(records), "reward": mean([r["reward"] for r in records]),
+            "all": stats(cand_all), "cone": stats([s for s in cand_all if s["in_cone"]]),
+            "distractor": stats([s for s in cand_all if not s["in_cone"]]),
+            "spearman": {k: mean(v) for k, v in corr.items()},
+            "spearman_n": {k: len(v) for k, v in corr.items()},
+            "rules": {k: stats(v) for k, v in picks.items()},
+            "atb_equals_earliest": {d: mean([float(x) for x in v]) for d, v in atb_is_earliest.items()}}

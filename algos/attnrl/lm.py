@@ -8,7 +8,7 @@ never opens a step of its own. Step-to-step attention ``alpha[l, h, j, k]`` is t
 ``j`` and key tokens of step ``k``, of the softmax attention of layer ``l``, head ``h``. :func:`generate` accumulates
 it from the attention rows that the KV-cached decoding pass produces anyway, so a rollout worker returns FCI (or any
 ``step_score_fn`` of ``alpha``) without a second forward pass; :func:`forward_scores` gives the same quantities by
-teacher forcing on the learner side.
+teacher forcing on the learner side, in chunks of at most ``Policy.max_tokens_per_forward`` padded tokens.
 """
 
 from __future__ import annotations
@@ -40,7 +40,13 @@ class Policy:
 
     model: nn.Module
     codec: TokenCodec
-    autocast_bf16: bool = False
+    autocast_bf16: bool = False  # resolve ``bf16: auto`` with algos.precision.use_bf16 before building a Policy
+    # Teacher-forced passes without gradients (reference and old-policy log-probs) run over chunks of at most this
+    # many padded tokens, so the (chunk, T, vocab) logits stay bounded; None: one pass over all sequences.
+    max_tokens_per_forward: int | None = None
+    # How this process takes part in PPO updates (algos.attnrl.ppo.UpdateContext: data-parallel ranks, resume);
+    # None: a single process.
+    update_context: Any = None
 
     def autocast(self):
         device = next(self.model.parameters()).device.type
@@ -149,13 +155,24 @@ def _cache_kwarg(model: nn.Module) -> str:
     return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
 
+def _accepts(model: nn.Module, name: str) -> bool:
+    return name in inspect.signature(model.forward).parameters
+
+
 def _forward(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor,
-             cache=None, use_cache: bool = False, output_attentions: bool = False):
-    """One forward pass under the HF calling convention; returns (logits, cache, attentions)."""
+             cache=None, use_cache: bool = False, output_attentions: bool = False, last_logits_only: bool = False):
+    """One forward pass under the HF calling convention; returns (logits, cache, attentions).
+
+    ``last_logits_only``: the caller reads the last position's logits only; an HF model that takes
+    ``logits_to_keep`` then skips the (B, T, vocab) projection of the rest (at a 152k vocabulary, the prefill of a
+    batch of long prompts would otherwise be the largest tensor of a decoding call).
+    """
     kwargs = dict(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                   use_cache=use_cache, output_attentions=output_attentions)
     if cache is not None:
         kwargs[_cache_kwarg(model)] = cache
+    if last_logits_only and _accepts(model, "logits_to_keep"):
+        kwargs["logits_to_keep"] = 1
     out = model(**kwargs)
     new_cache = getattr(out, "cache", None) if "cache" in getattr(out, "__dataclass_fields__", {}) else \
         getattr(out, "past_key_values", None)
@@ -229,7 +246,7 @@ def _generate_batch(policy: Policy, requests: list[GenerationRequest], max_new_t
     acc = None
     with policy.autocast():
         logits, past, attentions = _forward(model, ids, mask, (mask.cumsum(1) - 1).clamp(min=0), None, True,
-                                            need_attn)
+                                            need_attn, last_logits_only=True)
     if need_attn:
         acc = StepAttentionAccumulator(B, len(attentions), attentions[0].shape[1], int(token_steps.max()) + 8,
                                        device)
@@ -290,13 +307,60 @@ class SequenceScores:
     step_attention: list[torch.Tensor] | None = None  # per sequence alpha (L, H, S, S)
 
 
+def chunk_by_tokens(lengths: Sequence[int], max_tokens: int | None) -> list[list[int]]:
+    """Consecutive positions of ``lengths`` grouped so that each group's padded size (count x longest) is at most
+    ``max_tokens``; a longer sequence forms a group of its own. ``None``: one group."""
+    if not lengths:
+        return []
+    if max_tokens is None:
+        return [list(range(len(lengths)))]
+    if max_tokens < 1:
+        raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
+    groups: list[list[int]] = []
+    current: list[int] = []
+    longest = 0
+    for i, n in enumerate(lengths):
+        if current and (len(current) + 1) * max(longest, n) > max_tokens:
+            groups.append(current)
+            current, longest = [], 0
+        current.append(i)
+        longest = max(longest, n)
+    groups.append(current)
+    return groups
+
+
 def forward_scores(policy: Policy, prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]],
-                   temperature: float = 1.0, output_step_attention: bool = False) -> SequenceScores:
+                   temperature: float = 1.0, output_step_attention: bool = False,
+                   max_tokens: int | None = None) -> SequenceScores:
     """Teacher-forced log-probs of ``responses`` given ``prompts`` (right padding; gradients flow).
 
     With ``output_step_attention`` the same forward pass also returns each sequence's step-to-step attention,
     as in the paper, where FCI comes from the forward pass that recomputes old log-probs.
+
+    The sequences go through the model in chunks of at most ``max_tokens`` padded tokens (default
+    ``policy.max_tokens_per_forward``; None: all at once), so the (chunk, T, vocab) logits are never those of all
+    sequences at once: at the paper's sizes (1,920 paths, 8k tokens, 152k vocabulary) one pass would need hundreds
+    of GB. Chunks change only the padding, hence the results only up to float rounding. Under gradients each
+    chunk's graph lives until backward: bound training memory with micro-batches (algos.attnrl.ppo.ppo_update).
     """
+    limit = max_tokens if max_tokens is not None else policy.max_tokens_per_forward
+    chunks = chunk_by_tokens([len(p) + len(r) for p, r in zip(prompts, responses)], limit)
+    if len(chunks) == 1:
+        return _forward_scores(policy, prompts, responses, temperature, output_step_attention)
+    parts = [_forward_scores(policy, [prompts[i] for i in c], [responses[i] for i in c], temperature,
+                             output_step_attention) for c in chunks]
+    width = max(max(len(r) for r in responses), 1)
+
+    def joined(name: str) -> torch.Tensor:
+        return torch.cat([nn.functional.pad(getattr(s, name), (0, width - getattr(s, name).shape[1]))
+                          for s in parts])
+
+    step_attention = [a for s in parts for a in s.step_attention] if output_step_attention else None
+    return SequenceScores(joined("logprobs"), joined("entropy"), joined("mask"), step_attention)
+
+
+def _forward_scores(policy: Policy, prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]],
+                    temperature: float, output_step_attention: bool) -> SequenceScores:
     codec = policy.codec
     B = len(prompts)
     lengths = [len(p) + len(r) for p, r in zip(prompts, responses)]

@@ -49,6 +49,9 @@ class SFTConfig:
     target_short_accuracy: float = 0.8  # stop once greedy accuracy on short problems reaches this
     curriculum: bool = True
     curriculum_threshold: float = 0.5
+    # If set, stop on the per-step error instead (step_error at temperature 1 on the hardest difficulty's evaluation
+    # problems, once every difficulty is in the mix): a fixed quality rather than a fixed step count.
+    target_step_error: float | None = None
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -60,6 +63,8 @@ class SFTConfig:
         for name in ("target_short_accuracy", "curriculum_threshold"):
             if not 0.0 < getattr(self, name) <= 1.0:
                 raise ValueError(f"{name} must be in (0, 1], got {getattr(self, name)}")
+        if self.target_step_error is not None and not 0.0 < self.target_step_error < 1.0:
+            raise ValueError(f"target_step_error must be in (0, 1) or None, got {self.target_step_error}")
 
 
 @dataclass
@@ -88,6 +93,25 @@ def evaluate_accuracy(policy: Policy, task, problems: Sequence, max_new_tokens: 
     rewards = [task.reward(p, policy.codec.decode(r.response_ids), r.finished) for p, r in zip(problems, rollouts)]
     accuracy, by_difficulty = accuracy_by_difficulty(problems, rewards)
     return EvalResult(accuracy, by_difficulty, generated_tokens=sum(r.num_generated for r in rollouts))
+
+
+def step_error(policy: Policy, problems: Sequence, temperature: float = 1.0) -> float:
+    """Per-step error: 1 - the mean, over every line of the reference solutions (computation steps and answer), of
+    the probability that the policy sampling at ``temperature`` writes that line exactly, given the reference lines
+    before it (teacher forcing: exact, no sampling noise)."""
+    codec = policy.codec
+    responses = [codec.encode(p.solution) + [codec.eos_id] for p in problems]
+    with torch.no_grad():
+        scores = forward_scores(policy, [codec.encode(p.prompt) for p in problems], responses, temperature)
+    line_probs = []
+    for b, ids in enumerate(responses):
+        lp = scores.logprobs[b, :len(ids)]
+        start = 0
+        for t, tok in enumerate(ids):  # a line ends at its delimiter; the last one (answer) ends at the end token
+            if tok in codec.delimiter_ids or t == len(ids) - 1:
+                line_probs.append(float(lp[start:t + 1].sum().exp()))
+                start = t + 1
+    return 1.0 - sum(line_probs) / max(len(line_probs), 1)
 
 
 def sft_loss(policy: Policy, prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]]) -> torch.Tensor:
@@ -131,6 +155,8 @@ def pretrain(policy: Policy, task, cfg: SFTConfig | None = None,
             record["cap_accuracy"] = evaluate_accuracy(policy, task, eval_sets[cap]).accuracy
             if record["cap_accuracy"] >= cfg.curriculum_threshold:
                 cap += 1
+        elif cfg.target_step_error is not None:
+            record["step_error"] = step_error(policy, eval_sets[hi])
         else:
             record["short_accuracy"] = evaluate_accuracy(policy, task, short).accuracy
         history.append(record)
@@ -138,6 +164,8 @@ def pretrain(policy: Policy, task, cfg: SFTConfig | None = None,
         if log_fn:
             log_fn(record)
         if record.get("short_accuracy", 0.0) >= cfg.target_short_accuracy:
+            break
+        if record.get("step_error", 1.0) <= (cfg.target_step_error or 0.0):
             break
     model.eval()
     final = evaluate_accuracy(policy, task, [p for ps in eval_sets.values() for p in ps])

@@ -1,5 +1,6 @@
-"""Tree-based RL: AttnRL (FCI branch points, Adaptive Sampling, one-step off-policy) and the entropy-branching
-baseline (``entropy_tree``: highest-entropy branch points, every response branched, on-policy).
+"""Tree-based RL: AttnRL (FCI branch points, Adaptive Sampling, one-step off-policy) and the tree baselines
+(``entropy_tree``: highest-entropy branch points, every response branched, on-policy; ``attn_tree``,
+``earliest_tree``, ``random_tree``, ``oracle_tree``: the same with other branch points, see algos.attnrl.config).
 
 One batch, as in the paper:
     1. sample n initial responses per prompt (with FCI scores for AttnRL) and reward them;
@@ -17,7 +18,9 @@ import time
 from dataclasses import dataclass, field
 
 from algos.attnrl.adaptive import RunningMean, adaptive_batch_size, adaptive_expansion
-from algos.attnrl.branching import select_branch_points, select_entropy_branch_points
+from algos.attnrl.branching import (select_branch_points, select_earliest_branch_points,
+                                   select_entropy_branch_points, select_oracle_branch_points,
+                                   select_random_branch_points)
 from algos.attnrl.config import RLConfig
 from algos.attnrl.fci import fci_scores, mean_fci
 from algos.attnrl.lm import GenerationRequest, Rollout
@@ -41,8 +44,7 @@ def train_tree(run: TrainingRun) -> None:
     cfg = run.cfg
     scheduler = OffPolicyScheduler(cfg.off_policy)
     fci_of_solved = RunningMean() if cfg.ads.attention_filter else None
-    step_score_fn = functools.partial(fci_scores, delta=cfg.delta, zero_first_step=cfg.zero_first_step) \
-        if run.method == "attnrl" else None
+    step_score_fn = fci_step_score_fn(cfg)
     batches: dict[int, TreeBatch] = {}
     batch_size = cfg.prompts_per_batch
     while True:
@@ -78,6 +80,14 @@ def train_tree(run: TrainingRun) -> None:
         run.record(metrics | stats)
 
 
+def fci_step_score_fn(cfg: RLConfig):
+    """FCI from the decoding pass for the rules that need it, else None (a partial of ``fci_scores``: the pool
+    sampler reads its keywords)."""
+    if cfg.branching != "fci":
+        return None
+    return functools.partial(fci_scores, delta=cfg.delta, zero_first_step=cfg.zero_first_step)
+
+
 def initial_requests(run: TrainingRun, problems: list) -> list[GenerationRequest]:
     encode = run.policy.codec.encode
     return [GenerationRequest(tuple(encode(p.prompt)), tag=("init", i, j))
@@ -85,10 +95,14 @@ def initial_requests(run: TrainingRun, problems: list) -> list[GenerationRequest
 
 
 def add_initial_samples(run: TrainingRun, batch: TreeBatch, rollouts: list[Rollout]) -> None:
-    """Group the initial samples by prompt (requests were issued prompt by prompt) and reward them."""
+    """Group the initial samples by their tag ("init", problem, sample) and reward them: a sampler may return
+    rollouts in any order (a pool gathers them from several workers)."""
     n = run.cfg.samples_per_prompt
     batch.initial_tokens = sum(r.num_generated for r in rollouts)
-    batch.initial = [rollouts[i * n:(i + 1) * n] for i in range(len(batch.problems))]
+    by_tag = {tuple(r.tag[1:]): r for r in rollouts}
+    if len(by_tag) != len(rollouts) or set(by_tag) != {(i, j) for i in range(len(batch.problems)) for j in range(n)}:
+        raise ValueError("initial rollouts must carry the tags ('init', problem, sample) of their requests, once each")
+    batch.initial = [[by_tag[(i, j)] for j in range(n)] for i in range(len(batch.problems))]
     batch.rewards = [[run.score(p, r) for r in rolls] for p, rolls in zip(batch.problems, batch.initial)]
 
 
@@ -104,13 +118,11 @@ def plan_continuations(run: TrainingRun, batch: TreeBatch, fci_of_solved: Runnin
     requests = []
     for i, rolls in enumerate(batch.initial):
         correct = [r > 0 for r in batch.rewards[i]]
-        if cfg.ads.difficulty_expansion:
-            expand = adaptive_expansion(correct, problem_fci[i], fci_of_solved, run.rng, cfg.ads.rounding)
-        else:
-            expand = list(range(n))
+        expand = adaptive_expansion(correct, problem_fci[i], fci_of_solved, run.rng, cfg.ads.rounding,
+                                    cfg.ads.difficulty_expansion)
         for j in expand:
             r = rolls[j]
-            offsets = branch_offsets(run.method, r, cfg)
+            offsets = branch_offsets(run, batch.problems[i], r)
             batch.branch_offsets[(i, j)] = offsets
             response = r.response_ids
             for o in offsets:
@@ -120,12 +132,22 @@ def plan_continuations(run: TrainingRun, batch: TreeBatch, fci_of_solved: Runnin
     return requests
 
 
-def branch_offsets(method: str, rollout: Rollout, cfg: RLConfig) -> list[int]:
-    """ATB for AttnRL (top-FCI steps), the highest-entropy tokens for ``entropy_tree``."""
-    if method == "attnrl":
+def branch_offsets(run: TrainingRun, problem, rollout: Rollout) -> list[int]:
+    """Where to branch ``rollout`` under the run's rule: ATB (top-FCI steps), the highest-entropy tokens, the
+    earliest steps, random steps, or the earliest steps of the answer's dependency cone (``task.dependency_cone``)."""
+    cfg, rule = run.cfg, run.cfg.branching
+    if rule == "fci":
         return select_branch_points(rollout.step_scores, rollout.step_starts, cfg.branch_points, cfg.rho,
                                     cfg.min_branch_distance)
-    return select_entropy_branch_points(rollout.entropies, cfg.branch_points, cfg.min_branch_distance)
+    if rule == "entropy":
+        return select_entropy_branch_points(rollout.entropies, cfg.branch_points, cfg.min_branch_distance)
+    if rule == "earliest":
+        return select_earliest_branch_points(rollout.step_starts, cfg.branch_points)
+    if rule == "random":
+        return select_random_branch_points(rollout.step_starts, cfg.branch_points, run.rng)
+    if rule == "oracle":
+        return select_oracle_branch_points(run.task.dependency_cone(problem), rollout.step_starts, cfg.branch_points)
+    raise ValueError(f"unknown branching rule {rule!r}")
 
 
 def add_continuations(run: TrainingRun, batch: TreeBatch, rollouts: list[Rollout]) -> None:

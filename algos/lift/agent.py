@@ -21,6 +21,7 @@ from torch import nn
 from algos.lift.sac import Batch, SACConfig
 from algos.nets import mlp, unwrap
 from algos.normalizer import RunningNormalizer
+from algos.precision import use_bf16
 
 # ----------------------------------------------------------------------------------------------- networks
 
@@ -148,6 +149,7 @@ class SACAgent:
         self.cfg = cfg = cfg or SACConfig()
         self.obs_dim, self.act_dim, self.critic_obs_dim = obs_dim, act_dim, critic_obs_dim
         self.device = torch.device(device)
+        self.bf16 = use_bf16(cfg.bf16, self.device)  # "auto" resolved by this device's hardware (logged once)
         self.actor: nn.Module = Actor(
             obs_dim, act_dim, cfg.actor_hidden, cfg.activation, cfg.log_std_min, cfg.log_std_max
         ).to(self.device)

@@ -85,46 +85,107 @@ def sample_start_states(states: Tensor, n: int, generator: torch.Generator | Non
 
 
 @torch.no_grad()
-def branch_rollouts(model, start: Tensor, policy: Callable[[Tensor], Tensor], obs_fn: Callable[[Tensor, Tensor], Tensor],
+def branch_rollouts(model, start: Tensor, policy: Callable[[Tensor], Tensor], obs_fn: Callable[..., Tensor],
                     reward_fn: Callable[..., tuple[Tensor, Tensor]], action_scale: ActionScale, horizon: int,
-                    member: str = "mean") -> tuple[dict[str, Tensor], dict[str, float]]:
+                    member: str = "mean", command: Tensor | None = None, obs_noise: float = 0.0,
+                    generator: torch.Generator | None = None) -> tuple[dict[str, Tensor], dict[str, float]]:
     """H-step world-model rollouts from real states with the stochastic policy (LIFT §2.4 / §3.1 step 3).
 
     ``policy(obs) -> action in [-1, 1]`` (stochastic); the model steps on the control ``action_scale.to_ctrl(a)``;
     ``reward_fn(qpos, qvel, next_qpos, next_qvel, ctrl)`` recomputes reward and termination on the predicted state.
+    ``command`` (n,): each start state's velocity command (a command-conditioned task), passed to ``obs_fn`` and
+    ``reward_fn``. The state is propagated by the model's mean; with ``obs_noise`` > 0 the actor sees it through
+    Gaussian noise of ``obs_noise`` x the model's predicted std (LIFT's ``wm_noise_to_actor_noise``): the stored
+    obs/next_obs are what the actor saw, the reward and termination are the mean state's.
     A rollout stops after its first termination, or when the model's prediction leaves the finite numbers (that
     transition is dropped). Returns flat SAC transitions (obs, action, reward, next_obs, terminated, truncated = 0)
     of the live rows, and metrics (transitions, terminations, mean predicted std).
     """
     nq = model.nq
-    state = start
-    alive = torch.ones(len(start), dtype=torch.bool, device=start.device)
+
+    def observe(state: Tensor, cmd: Tensor | None) -> Tensor:
+        return obs_fn(state[:, :nq], state[:, nq:]) if cmd is None else obs_fn(state[:, :nq], state[:, nq:], cmd)
+
+    state, cmd = start, command
+    obs = observe(state, cmd)
     out: dict[str, list[Tensor]] = {k: [] for k in ("obs", "action", "reward", "next_obs", "terminated")}
     terminations, std_sum, std_count = 0, 0.0, 0
     for _ in range(horizon):
-        if not alive.any():
+        if len(state) == 0:
             break
-        state = state[alive]
-        obs = obs_fn(state[:, :nq], state[:, nq:])
         action = policy(obs.float())
         ctrl = action_scale.to_ctrl(action.to(state.dtype))
         next_state, logvar = model.predict(state, ctrl, member=member)
         finite = torch.isfinite(next_state).all(-1)
-        reward, terminated = reward_fn(state[:, :nq], state[:, nq:], next_state[:, :nq], next_state[:, nq:], ctrl)
+        extra = () if cmd is None else (cmd,)
+        reward, terminated = reward_fn(state[:, :nq], state[:, nq:], next_state[:, :nq], next_state[:, nq:], ctrl,
+                                       *extra)
         keep = finite & torch.isfinite(reward)
-        next_obs = obs_fn(next_state[:, :nq], next_state[:, nq:])
+        std = (0.5 * logvar).exp()
+        seen = next_state
+        if obs_noise > 0:
+            noise = torch.randn(next_state.shape, generator=generator, device=next_state.device,
+                                dtype=next_state.dtype)
+            seen = next_state + obs_noise * std.nan_to_num(0.0) * noise
+        next_obs = observe(seen, cmd)
         for key, value in (("obs", obs), ("action", action), ("reward", reward), ("next_obs", next_obs),
                            ("terminated", terminated)):
             out[key].append(value[keep].float())
         terminations += int((terminated & keep).sum())
-        std_sum += float((0.5 * logvar[keep]).exp().mean(-1).sum()) if keep.any() else 0.0
+        std_sum += float(std[keep].mean(-1).sum()) if keep.any() else 0.0
         std_count += int(keep.sum())
         alive = keep & ~terminated
-        state = next_state
+        state, obs = next_state[alive], next_obs[alive]
+        cmd = None if cmd is None else cmd[alive]
     batch = {k: torch.cat(v) if v else torch.empty(0) for k, v in out.items()}
     batch["truncated"] = torch.zeros_like(batch["reward"])
     return batch, {"model_transitions": float(len(batch["reward"])), "model_terminations": float(terminations),
                    "model_pred_std": std_sum / max(std_count, 1)}
+
+
+@dataclass(frozen=True)
+class Branching:
+    """What model rollouts need besides the model: the task's observation and reward in torch, the action range,
+    which ensemble member steps (``mean`` for LIFT's single model, ``random`` for MBPO) and the actor's obs noise."""
+
+    obs_fn: Callable[..., Tensor]
+    reward_fn: Callable[..., tuple[Tensor, Tensor]]
+    action_scale: ActionScale
+    member: str = "mean"
+    obs_noise: float = 1.0
+
+
+def branch_and_update(model, branching: Branching, states: Tensor, commands: Tensor | None,
+                      policy: Callable[[Tensor], Tensor], *, n_branches: int, horizon: int, rollout_batch: int,
+                      model_buffer, real_sample: Callable[[int], Mapping[str, Tensor]],
+                      update: Callable[[Callable[[int], dict[str, Tensor]]], dict[str, float]], real_ratio: float,
+                      generator: torch.Generator | None = None) -> dict[str, float]:
+    """LIFT §3.1 step 3: ``n_branches`` x {``rollout_batch`` start states from the real ``states`` -> ``horizon``-step
+    model rollouts -> ``model_buffer``; one ``update(sampler)`` call on batches with ``real_ratio`` real data}.
+
+    Exactly ``n_branches`` updates run whatever the model produced: with several DDP ranks every backward is a
+    collective, so a rank that skipped an update (its rollouts all diverged, its model buffer still empty) would leave
+    the others waiting forever. A rank without model data trains on real data alone for that update.
+    Returns the last update's metrics and the rollouts' totals.
+    """
+    train_metrics: dict[str, float] = {}
+    transitions, terminations, std_sum = 0.0, 0.0, 0.0
+    for _ in range(n_branches):
+        start, index = sample_start_states(states, rollout_batch, generator)
+        command = None if commands is None else commands[index]
+        batch, metrics = branch_rollouts(model, start, policy, branching.obs_fn, branching.reward_fn,
+                                         branching.action_scale, horizon, branching.member, command,
+                                         branching.obs_noise, generator)
+        if len(batch["reward"]):
+            model_buffer.add(batch)
+        transitions += metrics["model_transitions"]
+        terminations += metrics["model_terminations"]
+        std_sum += metrics["model_pred_std"] * metrics["model_transitions"]
+        ratio = real_ratio if len(model_buffer) else 1.0
+        model_sample = lambda n: model_buffer.sample(n, generator)  # noqa: E731
+        train_metrics = update(mixed_sampler(real_sample, model_sample, ratio, generator))
+    return {**train_metrics, "model_transitions": transitions, "model_terminations": terminations,
+            "model_pred_std": std_sum / max(transitions, 1.0)}
 
 
 def mixed_sampler(real_sample: Callable[[int], Mapping[str, Tensor]], model_sample: Callable[[int], Mapping[str, Tensor]],

@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from algos.nets import ACTIVATIONS, unwrap
+from algos.precision import use_bf16
 
 if TYPE_CHECKING:  # the agent is built from a SACConfig (algos.lift.agent imports this module)
     from algos.lift.agent import SACAgent
@@ -54,7 +55,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         actor_lr=1.034e-4, critic_lr=1.002e-4, alpha_lr=9.97e-3, init_log_alpha=-3.348,
         target_entropy_coef=0.5, reward_scale=1.0, replay_capacity=1_000_000, min_replay_size=8192,
         actor_hidden=(512, 256, 128), critic_hidden=(1024, 512, 256), activation="swish",
-        weight_decay=1e-4, bf16=True,
+        weight_decay=1e-4, bf16="auto",
     ),
     # LIFT G1Joystick*/T1JoystickRough column: 4096 envs, batch 16384, G = 19.
     "humanoid_large": dict(
@@ -62,7 +63,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         actor_lr=1.699e-4, critic_lr=1.877e-4, alpha_lr=6.44e-4, init_log_alpha=-3.005,
         target_entropy_coef=0.396, reward_scale=16.0, replay_capacity=1_000_000, min_replay_size=8192,
         actor_hidden=(512, 256, 128), critic_hidden=(1024, 512, 256), activation="swish",
-        weight_decay=1e-4, bf16=True,
+        weight_decay=1e-4, bf16="auto",
     ),
     # Same structure as "humanoid" (3-layer nets, UTD > 1, LIFT's coefficients), shrunk to run in seconds.
     "smoke": dict(
@@ -106,7 +107,9 @@ class SACConfig:
     log_std_min: float = -5.0
     log_std_max: float = 2.0
     # Execution.
-    bf16: bool = False  # bf16 autocast for hidden layers, fp32 params and output layers (LIFT)
+    # bf16 autocast for hidden layers, fp32 params and output layers (LIFT): "auto" asks the hardware of the agent's
+    # device (``algos.precision.use_bf16``: fp32 on a CPU without AMX/AVX512-BF16); true/false win.
+    bf16: bool | str = "auto"
     compile: bool = False  # torch.compile the actor/critic forwards
     # Data collection (read by the training loop, not by `update`).
     num_envs: int = 8
@@ -136,6 +139,7 @@ class SACConfig:
             "num_envs": self.num_envs >= 1,
             "replay_capacity": self.replay_capacity >= max(self.min_replay_size, 1),
             "min_replay_size": self.min_replay_size >= 1,
+            "bf16": isinstance(self.bf16, bool) or self.bf16 == "auto",
         }
         for name, ok in checks.items():
             if not ok:
@@ -210,7 +214,7 @@ def _autocast(device: torch.device, enabled: bool):
 def sgd_step(agent: SACAgent, mb: Mapping[str, torch.Tensor], cfg: SACConfig) -> dict[str, torch.Tensor]:
     """One SAC step on a prepared minibatch: alpha -> critic and actor (one backward) -> Polyak. Returns tensors."""
     critic_core = unwrap(agent.critic)
-    amp = _autocast(agent.device, cfg.bf16)
+    amp = _autocast(agent.device, use_bf16(cfg.bf16, agent.device))
 
     # Policy sample at s: the only grad-enabled actor forward (feeds the alpha loss detached, the actor loss live).
     with amp:

@@ -37,7 +37,6 @@ are ``world_model_training.multistep_errors``, i.e. MSE in units of the state's 
 """
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -46,6 +45,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from algos.lift.integration import integrate_positions, normalize_quaternions
 from algos.nets import EnsembleMLP
 
 Tensor = torch.Tensor
@@ -132,43 +132,6 @@ def soft_clamp(x: Tensor, low: float, high: float) -> Tensor:
     return low + F.softplus(x - low)
 
 
-# -------------------------------------------------------------------------------------------------------- integration
-
-def quaternion_integrate(quat: Tensor, omega: Tensor, h: float) -> Tensor:
-    """q ⊗ exp(h ω / 2) for local angular velocity ω (MuJoCo's ``mju_quatIntegrate``), renormalized."""
-    norm = omega.norm(dim=-1, keepdim=True)
-    half = 0.5 * h * norm
-    # sin(half)/|ω| = (h/2)·sinc(half/π): smooth at ω = 0
-    vec = omega * (0.5 * h) * torch.sinc(half / math.pi)
-    step = torch.cat((torch.cos(half), vec), dim=-1)
-    w1, x1, y1, z1 = quat.unbind(-1)
-    w2, x2, y2, z2 = step.unbind(-1)
-    product = torch.stack((w1 * w2 - x1 * x2 - y1 * y2 - z1 * z2,
-                           w1 * x2 + x1 * w2 + y1 * z2 - z1 * y2,
-                           w1 * y2 - x1 * z2 + y1 * w2 + z1 * x2,
-                           w1 * z2 + x1 * y2 - y1 * x2 + z1 * w2), dim=-1)
-    return product / product.norm(dim=-1, keepdim=True)
-
-
-def integrate_positions(qpos: Tensor, qvel: Tensor, h: float, prior: RigidBodyPrior) -> Tensor:
-    """q ⊕ h q̇ (MuJoCo's ``mj_integratePos``) for the joint layout of ``prior``; differentiable."""
-    out = qpos.clone()
-    out[..., list(prior.linear_qpos)] = qpos[..., list(prior.linear_qpos)] + h * qvel[..., list(prior.linear_qvel)]
-    for qadr, vadr in zip(prior.quaternion_qpos, prior.quaternion_qvel):
-        out[..., qadr:qadr + 4] = quaternion_integrate(qpos[..., qadr:qadr + 4], qvel[..., vadr:vadr + 3], h)
-    return out
-
-
-def _normalize_quaternions(qpos: Tensor, quaternion_qpos: Sequence[int]) -> Tensor:
-    if not quaternion_qpos:
-        return qpos
-    out = qpos.clone()
-    for adr in quaternion_qpos:
-        block = qpos[..., adr:adr + 4]
-        out[..., adr:adr + 4] = block / block.norm(dim=-1, keepdim=True).clamp_min(1e-8)
-    return out
-
-
 # -------------------------------------------------------------------------------------------------------------- models
 
 class WorldModel(nn.Module):
@@ -206,6 +169,43 @@ class WorldModel(nn.Module):
         for prefix, values in (("input", inputs), ("state", state), ("delta", next_state - state)):
             getattr(self, f"{prefix}_mean").copy_(values.mean(0))
             getattr(self, f"{prefix}_std").copy_(values.std(0).clamp_min(1e-6))
+
+    @torch.no_grad()
+    def refit_normalizers(self, batch: Mapping[str, Tensor], inputs: bool = True) -> None:
+        """``fit_normalizers`` on ``batch``, then rewrite the network's first and last layers so that every predicted
+        mean is unchanged (and the predicted variance, up to the log-variance's soft clamp).
+
+        LIFT refits its scalers on the new environment's data at every retraining. Refitting alone would change what
+        the warm-started network predicts; this keeps the function and changes only the units it learns in: an output
+        that must grow to many of its old standard deviations (a residual force under a changed contact or mass) is a
+        few of the new ones. ``inputs=False`` refits the output scalers only and keeps the input (and state) units."""
+        in_mean, in_std = self.input_mean.clone(), self.input_std.clone()
+        state_mean, state_std = self.state_mean.clone(), self.state_std.clone()
+        head, old_mean, old_std = self._scaled_head()
+        old_mean, old_std, old_delta_std = old_mean.clone(), old_std.clone(), self.delta_std.clone()
+        self.fit_normalizers(batch)
+        if not inputs:
+            for name, value in (("input_mean", in_mean), ("input_std", in_std), ("state_mean", state_mean),
+                                ("state_std", state_std)):
+                getattr(self, name).copy_(value)
+        first, last = self.net.layers[0], self.net.layers[-1]
+        # x_old = (x - m0)/s0 = x_new s1/s0 + (m1 - m0)/s0 for x_new = (x - m1)/s1
+        shift = ((self.input_mean - in_mean) / in_std).to(first.weight.dtype)
+        first.bias += (shift @ first.weight).unsqueeze(-2)
+        first.weight *= (self.input_std / in_std).to(first.weight.dtype)[:, None]
+        # y_new = (m0 + s0 y_old - m1)/s1 on the scaled head dims
+        _, new_mean, new_std = self._scaled_head()
+        last.weight[..., head] *= (old_std / new_std).to(last.weight.dtype)
+        last.bias[..., head] = ((last.bias[..., head] * old_std + old_mean - new_mean) / new_std).to(last.bias.dtype)
+        # variance in state units = exp(logvar) delta_std^2
+        last.bias[..., self._logvar_head()] += (2.0 * torch.log(old_delta_std / self.delta_std)).to(last.bias.dtype)
+
+    def _scaled_head(self) -> tuple[slice, Tensor, Tensor]:
+        """The head dims that are scaled, and their (mean, std) scalers."""
+        raise NotImplementedError
+
+    def _logvar_head(self) -> slice:
+        return slice(self.net.layers[-1].out_features - self.state_dim, None)
 
     def _net(self, state: Tensor, action: Tensor) -> Tensor:
         x = (torch.cat((state[..., self.observed], action), -1) - self.input_mean) / self.input_std
@@ -314,12 +314,17 @@ class WorldModel(nn.Module):
 class PhysicsWorldModel(WorldModel):
     """Exact rigid-body prior + learned residual generalised force and state-space log-variance (LIFT §2.1)."""
 
-    def __init__(self, prior: RigidBodyPrior, action_dim: int, cfg: WorldModelConfig | None = None) -> None:
+    def __init__(self, prior: RigidBodyPrior, action_dim: int, cfg: WorldModelConfig | None = None,
+                 residual: bool = True) -> None:
         cfg = cfg or WorldModelConfig()
         super().__init__(prior.nq, prior.nv, action_dim, prior.nv + prior.nq + prior.nv, cfg, prior.translation_qpos)
         self.prior = prior
+        self.residual = residual  # False: the "prior only" ablation (τ_θ = 0; only the variance head learns)
         self.register_buffer("tau_mean", torch.zeros(prior.nv))
         self.register_buffer("tau_std", torch.ones(prior.nv))
+
+    def _scaled_head(self) -> tuple[slice, Tensor, Tensor]:
+        return slice(0, self.nv), self.tau_mean, self.tau_std
 
     @torch.no_grad()
     def fit_normalizers(self, batch: Mapping[str, Tensor]) -> None:
@@ -336,6 +341,8 @@ class PhysicsWorldModel(WorldModel):
     def residual_force(self, state: Tensor, action: Tensor) -> tuple[Tensor, Tensor]:
         """τ_θ(s, a) (E, B, nv) and the raw log-variance head (E, B, D)."""
         head = self._net(state, action)
+        if not self.residual:
+            return torch.zeros_like(head[..., :self.nv]), head[..., self.nv:]
         return self.tau_mean + self.tau_std * head[..., :self.nv], head[..., self.nv:]
 
     def _prior_terms(self, qpos: Tensor, qvel: Tensor, action: Tensor, shared_state: bool) -> tuple[Tensor, Tensor]:
@@ -370,6 +377,9 @@ class BlackBoxEnsemble(WorldModel):
         super().__init__(nq, nv, action_dim, 2 * (nq + nv), cfg, translation_qpos)
         self.quaternion_qpos = tuple(quaternion_qpos)
 
+    def _scaled_head(self) -> tuple[slice, Tensor, Tensor]:
+        return slice(0, self.state_dim), self.delta_mean, self.delta_std
+
     @classmethod
     def like(cls, prior: RigidBodyPrior, action_dim: int, cfg: WorldModelConfig | None = None) -> "BlackBoxEnsemble":
         """A black-box model over the same state layout as a physics model with ``prior``."""
@@ -378,5 +388,19 @@ class BlackBoxEnsemble(WorldModel):
     def _members(self, state: Tensor, action: Tensor, shared_state: bool) -> tuple[Tensor, Tensor]:
         head = self._net(state, action)
         mean = state + self.delta_mean + self.delta_std * head[..., :self.state_dim]
-        qpos = _normalize_quaternions(mean[..., :self.nq], self.quaternion_qpos)
+        qpos = normalize_quaternions(mean[..., :self.nq], self.quaternion_qpos)
         return torch.cat((qpos, mean[..., self.nq:]), -1), self._logvar(head[..., self.state_dim:])
+
+
+class NoPrior:
+    """A prior that knows no physics: minv_h = I and force = 0, so τ_θ is the acceleration itself. The "residual only"
+    ablation: the physics model's network, integrator and state layout without M(q) and the bias forces."""
+
+    def __init__(self, prior: RigidBodyPrior) -> None:
+        for name in ("nq", "nv", "timestep", "n_substeps", "linear_qpos", "linear_qvel", "quaternion_qpos",
+                     "quaternion_qvel", "translation_qpos"):
+            setattr(self, name, getattr(prior, name))
+
+    def terms(self, qpos: Tensor, qvel: Tensor, action: Tensor) -> tuple[Tensor, Tensor]:
+        eye = torch.eye(self.nv, dtype=qpos.dtype, device=qpos.device)
+        return eye.expand(qpos.shape[0], self.nv, self.nv), qvel.new_zeros(qpos.shape[0], self.nv)

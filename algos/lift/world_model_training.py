@@ -115,15 +115,31 @@ def split_episodes(successor: np.ndarray, holdout_fraction: float,
 
 # ------------------------------------------------------------------------------------------------------------- metrics
 
-@torch.no_grad()
-def multistep_errors(model: WorldModel, tensors: Mapping[str, Tensor], successor: np.ndarray, rows: np.ndarray,
-                     horizon: int, max_windows: int, rng: np.random.Generator) -> np.ndarray:
-    """Open-loop error with the recorded actions: e_k = mean over windows and non-translation dims of
-    ((ŝ_k − s_k)/std(s))², k = 1..horizon. Windows must stay in one episode with no termination before their end."""
+def usable_windows(tensors: Mapping[str, Tensor], successor: np.ndarray, rows: np.ndarray,
+                   horizon: int) -> np.ndarray:
+    """Row chains (S, horizon) from ``rows`` that stay in one episode with no termination before their last step."""
     index, valid = windows(successor, rows, horizon)
     terminated = tensors["terminated"].numpy()[index].astype(bool)
-    usable = valid.all(1) & ~terminated[:, :-1].any(1)
-    index = index[usable]
+    return index[valid.all(1) & ~terminated[:, :-1].any(1)]
+
+
+def longest_usable_horizon(tensors: Mapping[str, Tensor], successor: np.ndarray, rows: np.ndarray,
+                           horizon: int) -> int:
+    """The largest k <= ``horizon`` with at least one usable window of k steps (0 if there is none)."""
+    for k in range(horizon, 0, -1):
+        if len(usable_windows(tensors, successor, rows, k)):
+            return k
+    return 0
+
+
+@torch.no_grad()
+def multistep_errors(model: WorldModel, tensors: Mapping[str, Tensor], successor: np.ndarray, rows: np.ndarray,
+                     horizon: int, max_windows: int, rng: np.random.Generator,
+                     state_std: Tensor | None = None) -> np.ndarray:
+    """Open-loop error with the recorded actions: e_k = mean over windows and non-translation dims of
+    ((ŝ_k − s_k)/std(s))², k = 1..horizon. Windows must stay in one episode with no termination before their end.
+    ``state_std``: fixed units (e.g. the stage-2 scalers) so that errors compare across refits; default the model's."""
+    index = usable_windows(tensors, successor, rows, horizon)
     if len(index) == 0:
         raise ValueError(f"no hold-out window of {horizon} steps; collect longer episodes or lower eval_horizon")
     if len(index) > max_windows:
@@ -132,35 +148,70 @@ def multistep_errors(model: WorldModel, tensors: Mapping[str, Tensor], successor
     state = torch.cat((tensors["qpos"][idx[:, 0]], tensors["qvel"][idx[:, 0]]), -1)
     errors = np.zeros(horizon)
     weight = model.metric_mask / model.metric_mask.sum()
+    units = model.state_std if state_std is None else state_std.to(model.state_std)
     for k in range(horizon):
         state, _ = model.predict(state, tensors["action"][idx[:, k]])
         target = torch.cat((tensors["next_qpos"][idx[:, k]], tensors["next_qvel"][idx[:, k]]), -1)
-        errors[k] = float((((state - target) / model.state_std).square() * weight).sum(-1).mean())
+        errors[k] = float((((state - target) / units).square() * weight).sum(-1).mean())
+    return errors
+
+
+def heldout_errors(model: WorldModel, data: Mapping[str, np.ndarray], horizon: int, max_windows: int = 1000,
+                   seed: int = 0, state_std: Tensor | None = None) -> np.ndarray:
+    """``multistep_errors`` on every row of transitions the model has not been trained on (e.g. a finetuning epoch's
+    fresh real data), up to the longest horizon they allow (NaN beyond it; all NaN without a usable window)."""
+    tensors = as_tensors(data, model.delta_std.dtype)
+    successor = successor_index(data)
+    rows = np.arange(len(successor))
+    errors = np.full(horizon, np.nan)
+    usable = longest_usable_horizon(tensors, successor, rows, horizon)
+    if usable:
+        errors[:usable] = multistep_errors(model, tensors, successor, rows, usable, max_windows,
+                                           np.random.default_rng(seed), state_std)
     return errors
 
 
 # ------------------------------------------------------------------------------------------------------------ training
 
+SCALER_MODES = ("fit", "refit", "refit_output", "keep")
+
+
 def train_world_model(model: WorldModel, data: Mapping[str, np.ndarray], cfg: WorldModelConfig | None = None,
                       early_stopping: EarlyStopping | None = None,
-                      refit_normalizers: bool = True) -> dict[str, float | list[float]]:
-    """Fit ``model`` on flat transitions (``TRANSITION_COLUMNS``): episode-level hold-out split, scaler refit, Adam
+                      scalers: str = "fit", state_std: Tensor | None = None) -> dict[str, float | list[float]]:
+    """Fit ``model`` on flat transitions (``TRANSITION_COLUMNS``): episode-level hold-out split, scalers, Adam
     on the ``cfg.loss_horizon``-step NLL (LIFT §2.3/§3.1). Returns the hold-out 1-step and ``eval_horizon``-step
-    normalized errors (``multistep_errors``), losses and wall time. ``refit_normalizers=False`` keeps the model's
-    scalers (a retraining on little data)."""
+    normalized errors (``multistep_errors``, in units of ``state_std`` if given), losses and wall time.
+
+    ``scalers``: "fit" sets them from the training rows (a fresh model), "refit" does too but keeps what the network
+    predicts (``WorldModel.refit_normalizers``: LIFT's per-retraining refit on a warm-started model), "refit_output"
+    refits only the output (residual) scalers that way, "keep" leaves them. With early stopping the model as it
+    came in is a candidate too: a retraining that never beats it on the hold-out returns it unchanged. A ValueError
+    (no hold-out data) is raised before anything in the model changes. The global torch RNG is not touched (the
+    caller's SAC noise draws from it)."""
+    if scalers not in SCALER_MODES:
+        raise ValueError(f"scalers must be one of {SCALER_MODES}, got {scalers!r}")
     cfg = cfg or model.cfg
     started = time.perf_counter()
-    torch.manual_seed(cfg.seed)
     rng = np.random.default_rng(cfg.seed)
     dtype = model.delta_std.dtype
     tensors = as_tensors(data, dtype)
     successor = successor_index(data)
     train_rows, holdout_rows = split_episodes(successor, cfg.holdout_fraction, rng)
+    # every check that can fail comes before the first change to the model
+    if len(train_rows) == 0 or len(holdout_rows) == 0:
+        raise ValueError(f"need training and hold-out episodes, got {len(train_rows)} and {len(holdout_rows)} rows")
+    eval_horizon = longest_usable_horizon(tensors, successor, holdout_rows, cfg.eval_horizon)
+    if eval_horizon == 0:
+        raise ValueError("no usable hold-out window (every hold-out row ends its episode)")
     # drawn even when the scalers are kept, so that the rest of the fit sees the same random stream
     fit_rows = train_rows if len(train_rows) <= cfg.normalizer_rows else rng.choice(
         train_rows, cfg.normalizer_rows, replace=False)
-    if refit_normalizers:
-        model.fit_normalizers({k: v[torch.as_tensor(fit_rows)] for k, v in tensors.items()})
+    fit_batch = {k: v[torch.as_tensor(fit_rows)] for k, v in tensors.items()}
+    if scalers == "fit":
+        model.fit_normalizers(fit_batch)
+    elif scalers in ("refit", "refit_output"):
+        model.refit_normalizers(fit_batch, inputs=scalers == "refit")
 
     train_index, train_valid = windows(successor, train_rows, cfg.loss_horizon)
     hold_index, hold_valid = windows(successor, holdout_rows, cfg.loss_horizon)
@@ -174,6 +225,8 @@ def train_world_model(model: WorldModel, data: Mapping[str, np.ndarray], cfg: Wo
     history: list[float] = []
     with torch.no_grad():
         _, initial_metrics = model.loss(holdout_batch)
+    if early_stopping is not None and scalers != "fit":  # a warm start: never return something worse than it
+        best_loss, best_state = initial_metrics["nll"], copy.deepcopy(model.state_dict())
     order, cursor, running, steps = rng.permutation(len(train_index)), 0, 0.0, 0
     for steps in range(1, cfg.train_steps + 1):
         if cursor + cfg.batch_size > len(order):  # epochs over shuffled windows, as MBPO/LIFT
@@ -204,8 +257,9 @@ def train_world_model(model: WorldModel, data: Mapping[str, np.ndarray], cfg: Wo
     if best_state is not None:
         model.load_state_dict(best_state)
     train_seconds = time.perf_counter() - started
-    errors = multistep_errors(model, tensors, successor, holdout_rows, cfg.eval_horizon, cfg.max_eval_windows,
-                              np.random.default_rng(cfg.seed))
+    errors = np.full(cfg.eval_horizon, np.nan)  # NaN beyond the longest hold-out window
+    errors[:eval_horizon] = multistep_errors(model, tensors, successor, holdout_rows, eval_horizon,
+                                             cfg.max_eval_windows, np.random.default_rng(cfg.seed), state_std)
     with torch.no_grad():
         _, final_metrics = model.loss(holdout_batch)
     return {

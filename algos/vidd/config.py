@@ -11,8 +11,12 @@ from dataclasses import dataclass
 from typing import ClassVar, Literal
 
 # the reward fine-tuning methods; a method's index here is its ``method_id`` in the cluster experiment's metrics
-METHODS: tuple[str, ...] = ("vidd", "best_of_n", "standard_ft", "ddpo")
-Method = Literal["vidd", "best_of_n", "standard_ft", "ddpo"]
+# (append only: stored metrics keep their ids). The paper's baselines: best-of-N (inference time), standard
+# fine-tuning, DDPO, DDPP (Rector-Brooks et al. 2024) and the reward-weighted MLE of the released protein scripts.
+METHODS: tuple[str, ...] = ("vidd", "best_of_n", "standard_ft", "ddpo", "ddpp", "rw_mle")
+Method = Literal["vidd", "best_of_n", "standard_ft", "ddpo", "ddpp", "rw_mle"]
+# the methods that distill x0 given x_t (algos.vidd.x0_losses) rather than one reverse step (eq. 7)
+X0_METHODS: tuple[str, ...] = ("ddpp", "rw_mle")
 
 
 @dataclass
@@ -48,19 +52,32 @@ class VIDDConfig:
     # x0 ~ p_out(. | xbar_{t-1}), unbiased for exp(v*/alpha) (released protein code)
     next_value: Literal["denoised", "completion"] = "denoised"
     max_log_weight: float | None = None  # clamp (v_next - v_cur) / alpha from above; None = exact weights
-    # divide the weights by their mean within each reverse step t of the batch (a per-step self-normalized
-    # estimate: with exact soft values E[w | x_t] = 1; estimated values are biased per step, and one batch-wide
-    # constant would change nothing under Adam)
+    # Weights are computed in log space and normalised by log-sum-exp to mean 1 over the batch's transitions (with
+    # exact soft values E[w | x_t] = 1, so this is the self-normalised estimate of eq. 7 and never overflows; one
+    # batch-wide constant changes the step little under Adam). True: normalise within each reverse step t instead
+    # (a per-step self-normalised estimate: estimated values are biased per step)
     self_normalize_weights: bool = False
+    # ablation: w = exp(v(xbar_{t-1}) / alpha) without the denominator exp(v(x_t) / alpha); v(x_t) is then never
+    # queried (with next_value="completion": one oracle call per trajectory instead of about T + 1)
+    value_denominator: bool = True
+    # what the student distills: "next_state" = log p_theta(xbar_{t-1} | x_t) (eq. 7); "final_sample" = log
+    # p_theta(x0 | x_t) of the roll-in's own final sample x0 at the selected steps (the released protein code's
+    # RW_MLE loss with use_value_xt: weight r(x0) over v(x_t), clamped to [1e-6, 1e6] and standardised)
+    distill_target: Literal["next_state", "final_sample"] = "next_state"
+    # standardise the final-sample weights ((w - mean) / std, as the released code's reward_norm=normal; weights
+    # can then be negative): used by distill_target="final_sample" and rw_mle
+    standardize_weights: bool = True
     # control variate (not in the paper): write w = 1 + (w - 1) and replace the "1" part, plain MLE on
     # p_out's samples, by its exact expectation q * sum_masked CE(p_out(x0|x_t), p_theta(x0|x_t)); the
     # expected gradient is unchanged, the sampling noise that makes the student drift is removed. Only valid
     # when the weights average 1 per state, hence it requires self_normalize_weights
     exact_teacher_term: bool = False
-    # DDPO baseline
+    # DDPO baseline (the released code: ratio clip 1e-4, one step per batch, old policy = previous step)
     ddpo_clip: float = 0.2
     ddpo_inner_steps: int = 2
     ddpo_lr: float | None = None  # None = lr
+    # DDPP baseline: roll-ins from the current policy with probability beta (else p_pre, the DNA script's 0.5);
+    # log Z(x_t) estimated by v(x_t) / alpha with v = r(x0hat(x_t; p_pre)) as in the released code
     # best-of-N baseline: number of selected outputs; N = query_budget // best_of_n_outputs
     best_of_n_outputs: int = 64
     eval_every: int = 0  # evaluate every this many iterations (0: only at the end)
@@ -86,6 +103,10 @@ class VIDDConfig:
         check(self.self_normalize_weights or not self.exact_teacher_term, "exact_teacher_term",
               "needs self_normalize_weights=True")
         check(self.eval_every >= 0, "eval_every", "must be >= 0 (0 = only at the end)")
+        check(self.distill_target in ("next_state", "final_sample"), "distill_target",
+              "must be 'next_state' or 'final_sample'")
+        check(self.distill_target == "next_state" or not self.exact_teacher_term, "exact_teacher_term",
+              "applies to distill_target='next_state' only")
 
     def _check(self, ok: bool, key: str, rule: str) -> None:
         if not ok:
@@ -95,13 +116,26 @@ class VIDDConfig:
     def steps_per_trajectory(self) -> int:
         return self.timesteps_per_trajectory or self.num_sampling_steps
 
+    @property
+    def queries_value_states(self) -> bool:
+        """Whether the roll-in states x_t are sent to the oracle (for v(x_t)); not in the no-denominator ablation."""
+        return self.value_denominator
+
     def for_method(self, method: str) -> "VIDDConfig":
         """The settings ``method`` runs with: standard fine-tuning is VIDD with roll-ins from p_pre and a teacher that
-        stays p_pre (one-shot distillation of p_pre's soft-optimal policy); DDPO trains at ``ddpo_lr``."""
+        stays p_pre (one-shot distillation of p_pre's soft-optimal policy); DDPO trains at ``ddpo_lr``; DDPP rolls in
+        with the current policy (the teacher refreshed every iteration) or p_pre; RW_MLE distills the roll-in's final
+        samples weighted by their reward alone."""
         if method not in METHODS:
             raise ValueError(f"method must be one of {METHODS}, got {method!r}")
         if method == "standard_ft":
             return dataclasses.replace(self, beta=0.0, refresh_interval=None)
         if method == "ddpo":
             return dataclasses.replace(self, lr=self.ddpo_lr or self.lr)
+        if method == "ddpp":
+            return dataclasses.replace(self, refresh_interval=1, distill_target="final_sample",
+                                       exact_teacher_term=False)
+        if method == "rw_mle":
+            return dataclasses.replace(self, distill_target="final_sample", value_denominator=False,
+                                       exact_teacher_term=False)
         return self

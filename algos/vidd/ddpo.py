@@ -23,10 +23,15 @@ from algos.vidd.sampling import newly_unmasked_log_prob
 
 
 def normalized_advantages(rewards: Tensor, eps: float = 1e-8) -> Tensor:
-    """Batch-standardised terminal rewards (DDPO's per-batch advantage normalization)."""
-    if rewards.numel() < 2:
-        return torch.zeros_like(rewards)
-    return (rewards - rewards.mean()) / (rewards.std() + eps)
+    """Batch-standardised terminal rewards (DDPO's per-batch advantage normalization); NaN rewards (a non-finite
+    oracle answer) get advantage 0, i.e. their trajectory is skipped."""
+    finite = torch.isfinite(rewards)
+    out = torch.zeros_like(rewards)
+    if finite.sum() < 2:
+        return out
+    r = rewards[finite]
+    out[finite] = (r - r.mean()) / (r.std() + eps)
+    return out
 
 
 def transition_log_probs(policy: nn.Module, states: Tensor, steps: Tensor) -> Tensor:
@@ -35,7 +40,8 @@ def transition_log_probs(policy: nn.Module, states: Tensor, steps: Tensor) -> Te
     ``states``: ``[T + 1, B, L]``; ``steps``: ``[B, k]``; returns ``[B, k]``.
     """
     B, k = steps.shape
-    batch_index = torch.arange(B).unsqueeze(1).expand_as(steps).reshape(-1)
+    steps = steps.to(states.device)
+    batch_index = torch.arange(B, device=states.device).unsqueeze(1).expand_as(steps).reshape(-1)
     flat = steps.reshape(-1)
     x_t, x_next = states[flat, batch_index], states[flat + 1, batch_index]
     log_p = newly_unmasked_log_prob(x0_log_probs(policy, x_t), x_t, x_next, policy.mask_id)
@@ -64,14 +70,21 @@ def ddpo_update(
     sampled from ``policy`` itself (theta_old = the policy before this update); each step draws
     ``steps_per_trajectory`` random reverse steps per trajectory. Returns the metrics of the last step."""
     n, T, k = states.shape[1], cfg.num_sampling_steps, cfg.steps_per_trajectory
+    device = next(policy.parameters()).device
+    states, advantages = states.to(device), advantages.to(device)
     policy.train()
-    with torch.no_grad():
-        old_log_p = transition_log_probs(policy, states, torch.arange(T).expand(n, T))
+    # one inner step (the released code): theta_old is theta itself, the ratio is 1 with gradient grad log p, and
+    # the separate forward pass for theta_old's log-probabilities is skipped
+    old_log_p = None
+    if cfg.ddpo_inner_steps > 1:
+        with torch.no_grad():
+            old_log_p = transition_log_probs(policy, states, torch.arange(T).expand(n, T))
     metrics: dict = {}
     for _ in range(cfg.ddpo_inner_steps):
-        steps = torch.rand(n, T, generator=generator).argsort(dim=1)[:, :k]
-        loss, metrics = ppo_clip_loss(transition_log_probs(policy, states, steps), old_log_p.gather(1, steps),
-                                      advantages, cfg.ddpo_clip)
+        steps = torch.rand(n, T, generator=generator).argsort(dim=1)[:, :k].to(device)
+        log_p = transition_log_probs(policy, states, steps)
+        old = log_p.detach() if old_log_p is None else old_log_p.gather(1, steps)
+        loss, metrics = ppo_clip_loss(log_p, old, advantages, cfg.ddpo_clip)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         metrics["grad_norm"] = float(nn.utils.clip_grad_norm_(policy.parameters(), cfg.grad_clip))

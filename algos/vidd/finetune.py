@@ -2,17 +2,20 @@
 
     result = finetune("vidd", pretrained, reward_fn, VIDDConfig(query_budget=8192))
 
-Methods (:data:`algos.vidd.config.METHODS`): ``vidd`` (Algorithm 1, :mod:`algos.vidd.vidd`), ``standard_ft`` (the
-same with roll-ins from p_pre and a teacher that stays p_pre: one-shot distillation of p_pre's soft-optimal policy),
-``ddpo`` (clipped policy gradient over the denoising chain, :mod:`algos.vidd.ddpo`) and ``best_of_n`` (test-time
-selection from p_pre). The cluster experiment (``experiments/vidd``) distributes the same steps over a sampler pool
-and a Ray Train learner; tests and benchmarks use this driver.
+Methods (:data:`algos.vidd.config.METHODS`): ``vidd`` (Algorithm 1, :mod:`algos.vidd.vidd`; with
+``distill_target="final_sample"`` the released protein code's variant, :mod:`algos.vidd.x0_losses`), ``standard_ft``
+(the same with roll-ins from p_pre and a teacher that stays p_pre: one-shot distillation of p_pre's soft-optimal
+policy), ``ddpo`` (clipped policy gradient over the denoising chain, :mod:`algos.vidd.ddpo`), ``ddpp`` and ``rw_mle``
+(:mod:`algos.vidd.x0_losses`) and ``best_of_n`` (test-time selection from p_pre). The cluster experiment
+(``experiments/vidd``) distributes the same steps over a sampler pool and a Ray Train learner; tests and benchmarks use
+this driver.
 """
 from __future__ import annotations
 
 import copy
+import math
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Sequence
 
 import torch
 from torch import Tensor, nn
@@ -21,6 +24,7 @@ from algos.vidd import ddpo
 from algos.vidd.config import Method, VIDDConfig
 from algos.vidd.oracle import RewardCounter, RewardFn
 from algos.vidd.sampling import sample
+from algos.vidd.x0_losses import collect_x0_batch, value_model_role, x0_update
 from algos.vidd.vidd import (
     SampleFn,
     collect_vidd_batch,
@@ -36,7 +40,8 @@ from algos.vidd.vidd import (
 @dataclass
 class FinetuneResult:
     """``model``: the fine-tuned policy (the pretrained one for best-of-N). ``samples``/``sample_rewards``:
-    the selected outputs of best-of-N (``None`` otherwise). ``reward_queries``: distinct oracle calls."""
+    the selected outputs of best-of-N (``None`` otherwise). ``reward_queries``: distinct oracle calls;
+    ``trajectories``: roll-in (or sampled) trajectories the method drew."""
 
     method: str
     model: nn.Module
@@ -46,6 +51,7 @@ class FinetuneResult:
     reward_info: dict = field(default_factory=dict)
     samples: Tensor | None = None
     sample_rewards: Tensor | None = None
+    trajectories: int = 0
 
 
 @torch.no_grad()
@@ -59,13 +65,14 @@ def best_of_n(
     generator: torch.Generator | None = None,
     sample_fn: SampleFn = sample,
 ) -> tuple[Tensor, Tensor]:
-    """For each of ``n_outputs`` outputs keep the best of ``n_candidates`` samples; ``(tokens, rewards)``."""
+    """For each of ``n_outputs`` outputs keep the best of ``n_candidates`` samples; ``(tokens, rewards)``. A candidate
+    whose reward is NaN (non-finite oracle answer) is never selected unless all of its output's are."""
     if n_outputs < 1 or n_candidates < 1:
         raise ValueError(f"best_of_n needs n_outputs, n_candidates >= 1, got {n_outputs}, {n_candidates}")
     tokens = sample_fn(model, n_outputs * n_candidates, length, T, generator, record_trajectory=False).tokens
     rewards, _ = reward_fn(tokens)
-    rewards = rewards.reshape(n_outputs, n_candidates)
-    best = rewards.argmax(dim=1)
+    rewards = torch.as_tensor(rewards).reshape(n_outputs, n_candidates)
+    best = rewards.nan_to_num(-math.inf).argmax(dim=1)
     tokens = tokens.reshape(n_outputs, n_candidates, -1)[torch.arange(n_outputs), best]
     return tokens, rewards[torch.arange(n_outputs), best]
 
@@ -86,11 +93,14 @@ def finetune(
     log_fn: Callable[[int, dict], None] | None = None,
     eval_fn: Callable[[nn.Module], dict] | None = None,
     seed: int = 0,
+    eval_at_queries: Sequence[int] = (),
 ) -> FinetuneResult:
     """Run ``method`` in one process; ``sample_fn`` (signature of :func:`algos.vidd.sampling.sample`) may be remote.
 
     ``reward_fn`` is queried only through a :class:`RewardCounter`, so ``reward_queries`` is exact and
     never exceeds ``cfg.query_budget``. ``pretrained`` is never modified. ``seed`` seeds every random draw.
+    ``eval_fn`` runs every ``cfg.eval_every`` iterations, after the first iteration that reaches each of
+    ``eval_at_queries`` oracle queries, and at the end.
     """
     cfg = cfg.for_method(method)
     sample_fn = sample_fn or sample
@@ -109,7 +119,8 @@ def finetune(
             pre, counter, cfg.best_of_n_outputs, n_candidates, length, cfg.num_sampling_steps, generator, sample_fn
         )
         return FinetuneResult(method, pre, counter.n_queries, 0, reward_info=dict(counter.info),
-                              samples=tokens, sample_rewards=rewards)
+                              samples=tokens, sample_rewards=rewards,
+                              trajectories=cfg.best_of_n_outputs * n_candidates)
 
     student = copy.deepcopy(pretrained).train()
     for p in student.parameters():
@@ -117,31 +128,43 @@ def finetune(
     teacher = frozen_copy(pretrained)
     optimizer = torch.optim.Adam(student.parameters(), lr=cfg.lr, eps=cfg.adam_eps)
     history: list[dict] = []
-    iteration = 0
+    milestones = sorted(eval_at_queries)
+    trajectories = iteration = 0
     for iteration in range(1, cfg.max_iterations + 1):
+        # an iteration needs one query (DDPO: a sample; RW_MLE: a final sample) or a value pair
+        if counter.remaining < (1 if method in ("ddpo", "rw_mle") else 2):
+            iteration -= 1
+            break
         if method == "ddpo":
-            if counter.remaining < 1:
-                iteration -= 1
-                break
             metrics = ddpo_iteration(student, optimizer, counter, cfg, generator, sample_fn)
+        elif method in ("ddpp", "rw_mle") or cfg.distill_target == "final_sample":
+            metrics = x0_iteration(method, student, pre, teacher, optimizer, counter, cfg, generator, sample_fn)
         else:
-            if counter.remaining < 2:
-                iteration -= 1
-                break
             metrics = vidd_iteration(student, pre, teacher, optimizer, counter, cfg, generator, sample_fn)
-            if refresh_due(cfg, iteration):
-                refresh_teacher(teacher, student)
-                metrics["teacher_refreshed"] = 1.0
-        metrics["reward_queries"] = counter.n_queries
-        if eval_fn is not None and cfg.eval_every and iteration % cfg.eval_every == 0:
+        if method != "ddpo" and refresh_due(cfg, iteration):
+            refresh_teacher(teacher, student)
+            metrics["teacher_refreshed"] = 1.0
+        trajectories += int(metrics.pop("trajectories"))
+        metrics.update(reward_queries=counter.n_queries, trajectories=trajectories)
+        due = bool(cfg.eval_every and iteration % cfg.eval_every == 0)
+        while milestones and counter.n_queries >= milestones[0]:
+            milestones.pop(0)
+            due = True
+        if eval_fn is not None and due:
             metrics.update({f"eval/{k}": v for k, v in eval_fn(student).items()})
         history.append({"iteration": iteration} | metrics)
         if log_fn is not None:
             log_fn(iteration, metrics)
     student.eval()
     if eval_fn is not None:
-        history.append({"iteration": iteration, "final": 1.0} | {f"eval/{k}": v for k, v in eval_fn(student).items()})
-    return FinetuneResult(method, student, counter.n_queries, iteration, history, dict(counter.info))
+        last = history[-1] if history else {}
+        evaluated = {k: v for k, v in last.items() if k.startswith("eval/")}  # the last iteration's, if any
+        if not evaluated:
+            evaluated = {f"eval/{k}": v for k, v in eval_fn(student).items()}
+        history.append({"iteration": iteration, "final": 1.0, "reward_queries": counter.n_queries,
+                        "trajectories": trajectories} | evaluated)
+    return FinetuneResult(method, student, counter.n_queries, iteration, history, dict(counter.info),
+                          trajectories=trajectories)
 
 
 def vidd_iteration(
@@ -158,16 +181,49 @@ def vidd_iteration(
     states, with_teacher = rollin(pretrained, teacher, cfg.batch_size, student.seq_len, cfg, generator, sample_fn)
     steps = select_steps(cfg.batch_size, cfg.num_sampling_steps, cfg.timesteps_per_trajectory, generator)
     value_model = teacher if cfg.value_model == "teacher" else frozen_copy(student)
-    batch, _ = collect_vidd_batch(
+    batch, info = collect_vidd_batch(
         teacher, value_model, states, steps, reward_fn, generator, max_queries=reward_fn.remaining,
         value_estimator=cfg.value_estimator, greedy_tokens_per_step=cfg.greedy_tokens_per_step,
         next_value=cfg.next_value, states_from_teacher=rollin_is_teacher_sample(with_teacher, cfg),
-        keep_teacher_log_probs=cfg.exact_teacher_term,
+        keep_teacher_log_probs=cfg.exact_teacher_term, value_denominator=cfg.value_denominator,
     )
     student.train()
     metrics = vidd_update(student, optimizer, batch, cfg)
     metrics["rollin_from_teacher"] = float(with_teacher)
     metrics["value_next_mean"] = batch.v_next[batch.changed].mean().item() if batch.changed.any() else float("nan")
+    metrics["nonfinite_skipped"] = float(info.get("n_nonfinite_skipped", 0))
+    metrics["trajectories"] = float(cfg.batch_size)
+    return metrics
+
+
+def x0_iteration(
+    method: str,
+    student: nn.Module,
+    pretrained: nn.Module,
+    teacher: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    reward_fn: RewardCounter,
+    cfg: VIDDConfig,
+    generator: torch.Generator,
+    sample_fn: SampleFn,
+) -> dict:
+    """DDPP, RW_MLE or the released VIDD variant: roll-in (teacher w.p. beta, else p_pre; DDPP's teacher is the
+    previous iteration's policy), final samples and values, one loss on log p_theta(x0 | x_t)."""
+    states, with_teacher = rollin(pretrained, teacher, cfg.batch_size, student.seq_len, cfg, generator, sample_fn)
+    steps = select_steps(cfg.batch_size, cfg.num_sampling_steps, cfg.timesteps_per_trajectory, generator)
+    role = value_model_role(method, cfg)
+    value_model = (None if role is None else pretrained if role == "pretrained" else teacher if role == "teacher"
+                   else frozen_copy(student))
+    batch, info = collect_x0_batch(
+        value_model, student.mask_id, states, steps, reward_fn,
+        max_queries=reward_fn.remaining, value_estimator="one_step" if method == "ddpp" else cfg.value_estimator,
+        greedy_tokens_per_step=cfg.greedy_tokens_per_step, generator=generator)
+    student.train()
+    metrics = x0_update(student, optimizer, batch, cfg, pretrained if method == "ddpp" else None)
+    metrics["rollin_from_teacher"] = float(with_teacher)
+    metrics["reward_mean"] = batch.r_final[batch.valid].mean().item() if batch.valid.any() else float("nan")
+    metrics["nonfinite_skipped"] = float(info.get("n_nonfinite_skipped", 0))
+    metrics["trajectories"] = float(cfg.batch_size)
     return metrics
 
 
@@ -183,6 +239,8 @@ def ddpo_iteration(
     n = int(min(cfg.batch_size, reward_fn.remaining))
     states = sample_fn(policy, n, policy.seq_len, cfg.num_sampling_steps, generator, record_trajectory=True).states
     rewards, _ = reward_fn(states[-1])
-    metrics: dict = {"reward_mean": rewards.mean().item(), "reward_max": rewards.max().item()}
+    finite = rewards[torch.isfinite(rewards)]
+    metrics: dict = {"reward_mean": finite.mean().item() if len(finite) else float("nan"),
+                     "reward_max": finite.max().item() if len(finite) else float("nan"), "trajectories": float(n)}
     metrics.update(ddpo.ddpo_update(policy, optimizer, states, ddpo.normalized_advantages(rewards), cfg, generator))
     return metrics

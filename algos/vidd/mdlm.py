@@ -31,6 +31,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from algos.precision import use_bf16
+
 log = logging.getLogger(__name__)
 
 
@@ -84,9 +86,13 @@ class DenoiserConfig:
     n_heads: int = 4
     ff_mult: int = 4
     dropout: float = 0.0
-    use_bf16: bool = False  # bf16 autocast on CPU; logits are returned in float32
+    # bf16 autocast: "auto" = where the hardware multiplies bf16 natively (algos.precision.use_bf16, decided per
+    # device type at the first forward pass); true/false force it. Logits are returned in float32 either way
+    bf16: bool | str = "auto"
 
     def __post_init__(self) -> None:
+        if self.bf16 not in (True, False, "auto"):
+            raise ValueError(f"DenoiserConfig.bf16 must be true, false or 'auto', got {self.bf16!r}")
         for name in ("vocab_size", "seq_len", "d_model", "n_layers", "n_heads", "ff_mult"):
             if getattr(self, name) < 1:
                 raise ValueError(f"DenoiserConfig.{name} must be >= 1, got {getattr(self, name)}")
@@ -98,6 +104,14 @@ class DenoiserConfig:
             )
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"DenoiserConfig.dropout must lie in [0, 1), got {self.dropout}")
+
+    @classmethod
+    def from_dict(cls, fields: dict) -> "DenoiserConfig":
+        """From saved fields; bundles written before ``bf16`` replaced ``use_bf16`` still load (as ``bf16``)."""
+        fields = dict(fields)
+        if "use_bf16" in fields:
+            fields.setdefault("bf16", fields.pop("use_bf16"))
+        return cls(**fields)
 
 
 class MaskedDenoiser(nn.Module):
@@ -128,8 +142,8 @@ class MaskedDenoiser(nn.Module):
         if x.shape[-1] > self.seq_len:
             raise ValueError(f"sequence length {x.shape[-1]} exceeds the model's seq_len {self.seq_len}")
         autocast = (
-            torch.autocast("cpu", dtype=torch.bfloat16)
-            if self.cfg.use_bf16 and x.device.type == "cpu"
+            torch.autocast(x.device.type, dtype=torch.bfloat16)
+            if use_bf16(self.cfg.bf16, x.device)
             else contextlib.nullcontext()
         )
         with autocast:
@@ -152,9 +166,9 @@ def x0_log_probs(model: nn.Module, x_t: Tensor) -> Tensor:
 def forward_mask(
     x0: Tensor, t: Tensor, mask_id: int, schedule: LogLinearSchedule, generator: torch.Generator | None = None
 ) -> Tensor:
-    """Sample ``z_t ~ q(z_t | x0)``; ``t`` has shape ``[B]``."""
-    u = torch.rand(x0.shape, generator=generator, device=x0.device)
-    masked = u < schedule.mask_probability(t)[:, None]
+    """Sample ``z_t ~ q(z_t | x0)``; ``t`` has shape ``[B]``. Draws from the (CPU) ``generator``."""
+    u = torch.rand(x0.shape, generator=generator).to(x0.device)
+    masked = u < schedule.mask_probability(t.to(x0.device))[:, None]
     return torch.where(masked, torch.full_like(x0, mask_id), x0)
 
 
@@ -203,9 +217,10 @@ def nelbo(
     schedule = schedule or LogLinearSchedule()
     was_training = model.training
     model.eval()
+    device = next(model.parameters()).device
     totals = torch.zeros(x0.shape[0])
     for start in range(0, x0.shape[0], batch_size):
-        chunk = x0[start : start + batch_size]
+        chunk = x0[start : start + batch_size].to(device)
         for _ in range(n_time_samples):
             totals[start : start + chunk.shape[0]] += diffusion_loss(model, chunk, schedule, generator).cpu()
     model.train(was_training)
@@ -250,7 +265,8 @@ def pretrain(
     running, losses = 0.0, []
     for step in range(1, cfg.steps + 1):
         idx = torch.randint(0, data.shape[0], (cfg.batch_size,), generator=generator)
-        loss = diffusion_loss(model, data[idx], schedule, generator).mean() / data.shape[1]
+        batch = data[idx].to(next(model.parameters()).device)
+        loss = diffusion_loss(model, batch, schedule, generator).mean() / data.shape[1]
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)

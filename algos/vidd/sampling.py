@@ -6,6 +6,10 @@ probability) to a token drawn from ``p_theta(x0^l | z_t)``; at ``s = 0`` everyth
 
 Also here: finishing partial trajectories (:func:`complete`), the exact law of the sampler on tiny spaces, and the
 denoised predictions ``x0hat(x_t)`` that VIDD's values score (:func:`denoise_one_step`, :func:`denoise_greedy`).
+
+Devices: the denoiser passes run on the model's device (a GPU when the caller put the model there); random draws
+come from a CPU ``torch.Generator`` and are moved (so a seed gives the same samples on every device), and the
+functions that produce sequences return them on the CPU, where the oracles and the pool's messages want them.
 """
 
 from __future__ import annotations
@@ -19,6 +23,17 @@ from torch import Tensor, nn
 
 from algos.vidd.mdlm import LogLinearSchedule, x0_log_probs
 
+def model_device(model: nn.Module) -> torch.device:
+    """The device of ``model``'s parameters (the CPU for a module without parameters)."""
+    param = next(model.parameters(), None)
+    return param.device if param is not None else torch.device("cpu")
+
+
+def uniform(shape: torch.Size | tuple, generator: torch.Generator | None, device: torch.device) -> Tensor:
+    """``U(0, 1)`` draws from the (CPU) ``generator``, placed on ``device``."""
+    return torch.rand(shape, generator=generator).to(device)
+
+
 # --------------------------------------------------------------------------------------------------
 # Denoised predictions x0hat(x_t)
 # --------------------------------------------------------------------------------------------------
@@ -26,9 +41,10 @@ from algos.vidd.mdlm import LogLinearSchedule, x0_log_probs
 
 @torch.no_grad()
 def denoise_one_step(model: nn.Module, x_t: Tensor) -> Tensor:
-    """Greedy one-step prediction ``x0hat(x_t)``: argmax at masked positions, unmasked tokens kept ("subs")."""
+    """Greedy one-step prediction ``x0hat(x_t)``: argmax at masked positions, unmasked tokens kept ("subs").
+    Returned on the device of ``x_t``."""
     mask_id = model.mask_id
-    prediction = model(x_t).argmax(dim=-1)
+    prediction = model(x_t.to(model_device(model))).argmax(dim=-1).to(x_t.device)
     return torch.where(x_t == mask_id, prediction, x_t)
 
 
@@ -43,11 +59,11 @@ def denoise_greedy(model: nn.Module, x_t: Tensor, tokens_per_step: int = 4) -> T
     if tokens_per_step < 1:
         raise ValueError(f"tokens_per_step must be >= 1, got {tokens_per_step}")
     mask_id = model.mask_id
-    x = x_t.clone()
+    x = x_t.to(model_device(model))
     while True:
         masked = x == mask_id
         if not masked.any():
-            return x
+            return x.to(x_t.device)
         confidence, prediction = x0_log_probs(model, x).max(dim=-1)
         confidence = confidence.masked_fill(~masked, -math.inf)
         k = min(tokens_per_step, x.shape[1])
@@ -97,7 +113,7 @@ def reverse_log_prob(
 
 def gumbel_argmax(log_probs: Tensor, generator: torch.Generator | None = None) -> Tensor:
     """Sample from a categorical given log-probabilities (Gumbel-max; uses ``generator``)."""
-    u = torch.rand(log_probs.shape, generator=generator, device=log_probs.device).clamp_(1e-10, 1.0 - 1e-7)
+    u = uniform(log_probs.shape, generator, log_probs.device).clamp_(1e-10, 1.0 - 1e-7)
     return (log_probs - torch.log(-torch.log(u))).argmax(dim=-1)
 
 
@@ -112,15 +128,18 @@ def reverse_step(
 ) -> Tensor:
     """One ancestral step ``x_s ~ p_theta(. | x_t)``; ``t``, ``s`` scalars or ``[B]``.
 
-    ``log_p_x0`` may pass in an already computed ``x0_log_probs(model, x_t)``.
+    ``log_p_x0`` may pass in an already computed ``x0_log_probs(model, x_t)``. ``x_t`` is moved to the model's
+    device; the next state comes back on the device of ``x_t``.
     """
     mask_id = model.mask_id
+    device = model_device(model)
+    x = x_t.to(device)
     if log_p_x0 is None:
-        log_p_x0 = x0_log_probs(model, x_t)
-    proposal = gumbel_argmax(log_p_x0, generator)
-    q = schedule.unmask_probability(torch.as_tensor(t), torch.as_tensor(s)).reshape(-1, 1)
-    unmask = torch.rand(x_t.shape, generator=generator, device=x_t.device) < q
-    return torch.where((x_t == mask_id) & unmask, proposal, x_t)
+        log_p_x0 = x0_log_probs(model, x)
+    proposal = gumbel_argmax(log_p_x0.to(device), generator)
+    q = schedule.unmask_probability(torch.as_tensor(t), torch.as_tensor(s)).reshape(-1, 1).to(device)
+    unmask = uniform(x.shape, generator, device) < q
+    return torch.where((x == mask_id) & unmask, proposal, x).to(x_t.device)
 
 
 @dataclass
@@ -143,24 +162,26 @@ def sample(
     schedule: LogLinearSchedule | None = None,
     batch_size: int = 1024,
 ) -> SampleResult:
-    """Ancestral sampling with ``T`` reverse steps from the all-mask prior."""
+    """Ancestral sampling with ``T`` reverse steps from the all-mask prior, on the model's device; the samples (and
+    trajectories) come back on the CPU."""
     if n < 1 or length < 1 or T < 1:
         raise ValueError(f"sample needs n, length, T >= 1, got n={n}, length={length}, T={T}")
     schedule = schedule or LogLinearSchedule()
     was_training = model.training
     model.eval()
+    device = model_device(model)
     tokens, trajectories = [], []
     for start in range(0, n, batch_size):
         m = min(batch_size, n - start)
-        x = torch.full((m, length), model.mask_id, dtype=torch.long)
+        x = torch.full((m, length), model.mask_id, dtype=torch.long, device=device)
         states = [x]
         for step in range(T):
             t, s = step_times(T, step)
             x = reverse_step(model, x, t, s, schedule, generator)
             states.append(x)
-        tokens.append(x)
+        tokens.append(x.cpu())
         if record_trajectory:
-            trajectories.append(torch.stack(states))
+            trajectories.append(torch.stack(states).cpu())
     model.train(was_training)
     return SampleResult(
         tokens=torch.cat(tokens),
@@ -181,7 +202,7 @@ def complete(
     (``next_step == T``: already clean); runs the remaining steps and returns clean sequences."""
     schedule = schedule or LogLinearSchedule()
     x = x.clone()
-    next_step = torch.as_tensor(next_step).reshape(-1)
+    next_step = torch.as_tensor(next_step).reshape(-1).to(x.device)
     for step in range(int(next_step.min()) if len(next_step) else T, T):
         rows = next_step <= step
         if not rows.any():

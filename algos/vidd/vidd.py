@@ -18,16 +18,22 @@ The sampler (:func:`algos.vidd.sampling.sample`) and the reward oracle are separ
 distributed driver can run roll-ins and reward queries on pool workers (:func:`collect_vidd_batch`
 returns plain tensors) and the loss/update on a learner; :mod:`algos.vidd.finetune` runs it all in one process.
 
+Weights are computed in log space and normalised to mean 1 by log-sum-exp (:func:`normalized_weights`), over the
+batch or within each reverse step: the raw ratio overflows float32 once ``|v' - v| / alpha > ~88``.
+
 Variants beyond Alg. 1 (off by default; see :class:`algos.vidd.config.VIDDConfig`): ``value_estimator="greedy"``
 (iterative decoding for x0hat), ``next_value="completion"`` (numerator ``exp(r(x0)/alpha)`` from one
 completion of ``xbar`` under ``p_out``, as the released protein code does; unbiased for the soft value),
-``exact_teacher_term`` (a control variate), ``updates_per_batch``, weight clipping/normalization.
+``exact_teacher_term`` (a control variate), ``updates_per_batch``, weight clipping, per-step normalisation,
+``value_denominator=False`` (the ablation without ``v(x_t)``) and ``distill_target="final_sample"`` (the released
+protein code's loss on ``log p(x0 | x_t)``, in :mod:`algos.vidd.x0_losses` with DDPP and RW_MLE).
 With a weak (smoke-scale) denoiser the one-step values r(x0hat) barely move QED while the student
 drifts, whereas ``next_value="completion"`` learns quickly without drift (tests/test_vidd_molecule.py).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Callable, Literal
@@ -44,6 +50,7 @@ from algos.vidd.sampling import (
     complete,
     denoise_greedy,
     denoise_one_step,
+    model_device,
     newly_unmasked_log_prob,
     reverse_step,
     sample,
@@ -58,24 +65,43 @@ SampleFn = Callable[..., SampleResult]
 # --------------------------------------------------------------------------------------------------
 
 
-def soft_optimal_weights(
-    v_next: Tensor, v_current: Tensor, alpha: float, max_log_weight: float | None = None
+def log_soft_optimal_weights(
+    v_next: Tensor, v_current: Tensor | float, alpha: float, max_log_weight: float | None = None
 ) -> Tensor:
-    """Eq. 7 ratio ``exp(v(xbar_{t-1}) / alpha) / exp(v(x_t) / alpha)``, computed in log space."""
+    """Log of eq. 7's ratio ``exp(v(xbar_{t-1}) / alpha) / exp(v(x_t) / alpha)``, optionally clamped from above."""
     if alpha <= 0:
         raise ValueError(f"alpha must be > 0, got {alpha}")
     log_w = (v_next - v_current) / alpha
     if max_log_weight is not None:
         log_w = log_w.clamp(max=max_log_weight)
-    return log_w.exp()
+    return log_w
+
+
+def soft_optimal_weights(
+    v_next: Tensor, v_current: Tensor, alpha: float, max_log_weight: float | None = None
+) -> Tensor:
+    """Eq. 7's raw ratio (overflows to inf once ``(v' - v) / alpha > ~88``; the loss uses :func:`normalized_weights`)"""
+    return log_soft_optimal_weights(v_next, v_current, alpha, max_log_weight).exp()
+
+
+def normalized_weights(log_w: Tensor, selected: Tensor, groups: Tensor | None = None) -> Tensor:
+    """``exp(log_w)`` scaled to mean 1 over the ``selected`` entries of each group (all of them when ``groups`` is
+    None), by log-sum-exp: finite for any finite ``log_w``. Entries not selected get 0."""
+    out = torch.zeros_like(log_w)
+    keys = [None] if groups is None else groups[selected].unique()
+    for key in keys:
+        member = selected if key is None else selected & (groups == key)
+        lw = log_w[member]
+        if len(lw):
+            out[member] = torch.exp(lw - torch.logsumexp(lw, 0) + math.log(len(lw)))
+    return out
 
 
 def per_step_normalized(weights: Tensor, t: Tensor, changed: Tensor) -> Tensor:
-    """``weights`` divided by their mean over the changed transitions of the same reverse step ``t``."""
+    """``weights`` divided by their mean over the changed transitions of the same reverse step ``t`` (in log space);
+    unchanged transitions keep their value."""
     out = weights.clone()
-    for step in t[changed].unique():
-        group = changed & (t == step)
-        out[group] = weights[group] / weights[group].mean()
+    out[changed] = normalized_weights(weights.log(), changed, t)[changed]
     return out
 
 
@@ -170,6 +196,11 @@ class VIDDBatch:
     def __len__(self) -> int:
         return self.x_t.shape[0]
 
+    def to(self, device: torch.device | str) -> "VIDDBatch":
+        """The batch on ``device`` (the learner's)."""
+        return VIDDBatch(**{f.name: None if (v := getattr(self, f.name)) is None else v.to(device)
+                            for f in dataclasses.fields(self)})
+
 
 @torch.no_grad()
 def collect_vidd_batch(
@@ -186,13 +217,15 @@ def collect_vidd_batch(
     next_value: Literal["denoised", "completion"] = "denoised",
     states_from_teacher: bool = False,
     keep_teacher_log_probs: bool = False,
+    value_denominator: bool = True,
 ) -> tuple[VIDDBatch, dict]:
     """Roll-out and soft values for roll-in ``states`` ``[T+1, B, L]`` at reverse steps ``steps`` ``[B, k]``.
 
     ``v(x_t)`` is always ``r(x0hat(x_t))``. ``v(xbar_{t-1})`` is either the same estimator
     (``next_value="denoised"``, Alg. 1) or ``r(x0)`` of one completion ``x0 ~ p_out(. | xbar_{t-1})``
     (``"completion"``, the released protein code): ``exp(r(x0) / alpha)`` is then an unbiased estimate of
-    ``exp(v*(xbar) / alpha)``, the numerator of the soft-optimal weight.
+    ``exp(v*(xbar) / alpha)``, the numerator of the soft-optimal weight. ``value_denominator=False`` (the ablation)
+    never queries ``v(x_t)`` (``v_current`` stays 0).
 
     When the roll-in came from the teacher (``states_from_teacher``) the trajectory's own next state
     ``x_{t-1}`` is exactly a draw ``xbar_{t-1} ~ p_out(. | x_t)`` and is reused (and so is its final sample
@@ -201,20 +234,23 @@ def collect_vidd_batch(
     denoised states, so distilling all ``T`` steps of a trajectory costs about ``T + 1`` queries, not ``2 T``
     (the released DNA code draws a fresh ``xbar`` per step and pays two).
 
-    Transitions in which nothing is unmasked have zero loss and are not sent to the oracle. If the
-    distinct denoised states do not fit in ``max_queries``, whole trajectories (in random order) are
-    dropped from the end until they do.
+    Transitions in which nothing is unmasked have zero loss and are not sent to the oracle; transitions whose
+    values came back non-finite are skipped (``changed`` False, counted in ``info["n_nonfinite_skipped"]``). If the
+    distinct denoised states do not fit in ``max_queries``, whole trajectories (in random order) are dropped from
+    the end until they do. The batch comes back on the CPU (models may sit on a GPU).
     """
     if next_value not in ("denoised", "completion"):
         raise ValueError(f"next_value must be 'denoised' or 'completion', got {next_value!r}")
     schedule = schedule or LogLinearSchedule()
+    states, steps = states.cpu(), steps.cpu()
     T = states.shape[0] - 1
     batch_index = torch.arange(states.shape[1]).unsqueeze(1).expand_as(steps)
     steps, batch_index = steps.reshape(-1), batch_index.reshape(-1)
     x_t = states[steps, batch_index]
     t, s = step_times(T, steps)
     reuse = states_from_teacher
-    teacher_log_probs = x0_log_probs(teacher, x_t) if keep_teacher_log_probs or not reuse else None
+    teacher_log_probs = (x0_log_probs(teacher, x_t.to(model_device(teacher))).cpu()
+                         if keep_teacher_log_probs or not reuse else None)
     if reuse:
         x_next = states[steps + 1, batch_index]
         finals = states[T, batch_index] if next_value == "completion" else None
@@ -226,9 +262,11 @@ def collect_vidd_batch(
     if not len(idx):  # nothing to score (the denoiser is not called on an empty batch)
         scored_current = scored_next = x_t[idx]
     else:
-        scored_current = denoised_prediction(value_model, x_t[idx], value_estimator, greedy_tokens_per_step)
         scored_next = (finals[idx] if next_value == "completion"
                        else denoised_prediction(value_model, x_next[idx], value_estimator, greedy_tokens_per_step))
+        # without the denominator only the next states are scored (the prefix arithmetic below counts them once)
+        scored_current = (denoised_prediction(value_model, x_t[idx], value_estimator, greedy_tokens_per_step)
+                          if value_denominator else scored_next)
     if distinct_rows(scored_current, scored_next) > max_queries:
         trajectory_rank = torch.randperm(states.shape[1], generator=generator)[batch_index[idx]]
         order = torch.argsort(trajectory_rank * (T + 1) + steps[idx])
@@ -245,9 +283,17 @@ def collect_vidd_batch(
     v_next = torch.zeros(len(x_t))
     info: dict = {}
     if len(idx):
-        values, info = reward_fn(torch.cat([scored_current, scored_next]))  # one oracle call per batch
-        values = torch.as_tensor(np.asarray(values), dtype=torch.float32)
-        v_current[idx], v_next[idx] = values[: len(idx)], values[len(idx):]
+        if value_denominator:  # one oracle call per batch
+            values, info = reward_fn(torch.cat([scored_current, scored_next]))
+            values = torch.as_tensor(values, dtype=torch.float32).cpu()
+            v_current[idx], v_next[idx] = values[: len(idx)], values[len(idx):]
+        else:
+            values, info = reward_fn(scored_next)
+            v_next[idx] = torch.as_tensor(values, dtype=torch.float32).cpu()
+        bad = ~(torch.isfinite(v_current) & torch.isfinite(v_next))
+        info = {**info, "n_nonfinite_skipped": int((bad & changed).sum())}
+        changed = changed & ~bad
+        v_current, v_next = v_current.nan_to_num(0.0, 0.0, 0.0), v_next.nan_to_num(0.0, 0.0, 0.0)
     batch = VIDDBatch(
         x_t=x_t, x_next=x_next, t=t, s=s, v_current=v_current, v_next=v_next, changed=changed,
         teacher_log_probs=teacher_log_probs if keep_teacher_log_probs else None,
@@ -264,12 +310,13 @@ def vidd_loss(student: nn.Module, batch: VIDDBatch, cfg: VIDDConfig) -> tuple[Te
     """Value-weighted NLL of eq. 7: ``-mean_i w_i log p_theta(xbar_{t-1}^i | x_t^i)``.
 
     The log-likelihood sums over positions unmasked in the step (the only theta-dependent part of the
-    reverse kernel); the mean runs over all (trajectory, step) pairs, as in the released code.
+    reverse kernel); the mean runs over all (trajectory, step) pairs, as in the released code. The weights are
+    normalised to mean 1 in log space (:func:`normalized_weights`): over the batch, or per reverse step with
+    ``self_normalize_weights``; ``value_denominator=False`` drops ``v(x_t)`` (the ablation).
     """
-    weights = soft_optimal_weights(batch.v_next, batch.v_current, cfg.alpha, cfg.max_log_weight)
-    weights = torch.where(batch.changed, weights, torch.zeros_like(weights))
-    if cfg.self_normalize_weights:
-        weights = per_step_normalized(weights, batch.t, batch.changed)
+    v_current = batch.v_current if cfg.value_denominator else torch.zeros_like(batch.v_current)
+    log_w = log_soft_optimal_weights(batch.v_next, v_current, cfg.alpha, cfg.max_log_weight)
+    weights = normalized_weights(log_w, batch.changed, batch.t if cfg.self_normalize_weights else None)
     log_p_x0 = x0_log_probs(student, batch.x_t)
     log_p = newly_unmasked_log_prob(log_p_x0, batch.x_t, batch.x_next, student.mask_id)
     if cfg.exact_teacher_term:
@@ -282,17 +329,21 @@ def vidd_loss(student: nn.Module, batch: VIDDBatch, cfg: VIDDConfig) -> tuple[Te
         loss = (expected_nll - (weights - 1.0) * torch.where(batch.changed, log_p, 0.0)).mean()
     else:
         loss = -(weights * log_p).mean()
-    w = weights[batch.changed]
-    metrics = {
+    return loss, weight_metrics(weights, log_w, batch.changed) | {
         "loss": loss.item(),
-        "weight_mean": w.mean().item() if len(w) else float("nan"),
-        "weight_max": w.max().item() if len(w) else float("nan"),
-        # Kish effective sample size: how many roll-outs really drive the update
-        "weight_ess_fraction": (w.sum() ** 2 / (w.pow(2).sum() * len(w))).item() if len(w) else float("nan"),
-        "value_gain_mean": (batch.v_next - batch.v_current)[batch.changed].mean().item() if len(w) else 0.0,
-        "log_prob_mean": log_p[batch.changed].mean().item() if len(w) else float("nan"),
+        "value_gain_mean": (batch.v_next - v_current)[batch.changed].mean().item() if batch.changed.any() else 0.0,
+        "log_prob_mean": log_p[batch.changed].mean().item() if batch.changed.any() else float("nan"),
     }
-    return loss, metrics
+
+
+def weight_metrics(weights: Tensor, log_w: Tensor, selected: Tensor) -> dict:
+    """How peaked the (normalised) weights are: raw log-weight spread and the Kish effective sample size."""
+    w, lw = weights[selected], log_w[selected]
+    if not len(w):
+        return {"weight_max": float("nan"), "log_weight_std": float("nan"), "weight_ess_fraction": float("nan")}
+    return {"weight_max": w.max().item(), "log_weight_std": lw.std().item() if len(lw) > 1 else 0.0,
+            # Kish effective sample size: how many roll-outs really drive the update
+            "weight_ess_fraction": (w.sum() ** 2 / (w.pow(2).sum() * len(w))).item()}
 
 
 def vidd_update(student: nn.Module, optimizer: torch.optim.Optimizer, batch: VIDDBatch, cfg: VIDDConfig) -> dict:
@@ -306,7 +357,8 @@ def vidd_update(student: nn.Module, optimizer: torch.optim.Optimizer, batch: VID
         if len(batch):
             loss, metrics = vidd_loss(student, batch, cfg)
         else:
-            loss, metrics = student(torch.full((1, student.seq_len), student.mask_id)).sum() * 0.0, {}
+            empty = torch.full((1, student.seq_len), student.mask_id, device=model_device(student))
+            loss, metrics = student(empty).sum() * 0.0, {}
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         metrics["grad_norm"] = float(nn.utils.clip_grad_norm_(student.parameters(), cfg.grad_clip))

@@ -268,3 +268,43 @@ def _signal_group(pgid: int, sig: int) -> None:
         os.killpg(pgid, sig)
     except ProcessLookupError:
         pass
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``python -m cluster.deploy.local``: a head and N worker nodes on this machine (token auth on), the worker nodes
+    declaring logical GPUs; prints how to reach it and keeps it up until Ctrl-C. What ``scale=rehearsal`` runs on."""
+    import argparse
+    import secrets
+    import tempfile
+    parser = argparse.ArgumentParser(description=main.__doc__)
+    parser.add_argument("--workers", type=int, default=2, help="worker nodes besides the head")
+    parser.add_argument("--head-cpus", type=int, default=1)
+    parser.add_argument("--cpus", type=int, default=2, help="logical CPUs per worker node")
+    parser.add_argument("--gpus", type=int, default=2, help="logical GPUs per worker node (no CUDA needed)")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    token = secrets.token_hex(32)
+    temp = Path(tempfile.mkdtemp(prefix="orr-", dir="/tmp"))  # short: Ray's socket paths must fit 107 bytes
+    nodes = [LocalNode.head(temp / "h", num_cpus=args.head_cpus, token=token)]
+    try:
+        for i in range(args.workers):
+            nodes.append(LocalNode.worker(nodes[0], temp / f"w{i}", num_cpus=args.cpus, num_gpus=args.gpus))
+        head = nodes[0]
+        print(f"cluster up: 1 head + {args.workers} worker nodes ({args.cpus} CPUs, {args.gpus} GPUs each)\n"
+              f"  export RAY_AUTH_MODE=token RAY_AUTH_TOKEN={token}\n"
+              f"  .venv/bin/python -m experiments.run experiment=lift_pretrain env=pendulum scale=rehearsal "
+              f"cluster=remote cluster.address={head.gcs_address}\n"
+              f"  ray job submit --address {head.dashboard_url} --working-dir . ...\n"
+              f"Ctrl-C stops every node.", flush=True)
+        while all(node.proc.poll() is None for node in nodes):
+            time.sleep(1.0)
+        log.error("a node exited; stopping the others (logs under %s)", temp)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        for node in reversed(nodes):
+            node.stop()
+
+
+if __name__ == "__main__":
+    main()

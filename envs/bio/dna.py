@@ -6,10 +6,15 @@ a model of enhancer activity:
 * Corpus: a second-order background Markov chain (GC ~ 42 %, CpG-depleted) with binding sites of four
   liver transcription factors (HNF4A, HNF1A, FOXA2, CEBPB) planted at a fixed per-sequence rate,
   sampled from their JASPAR position frequency matrices on a random strand.
-* Reward: for each TF the best relative log-odds score over positions and both strands (1 = the
-  consensus site, 0 = the worst possible site), averaged over the TFs. The training oracle uses the
-  JASPAR2024 matrices; an evaluation oracle with the older JASPAR2022 matrix versions is a second,
-  related but different proxy (compare them to spot reward hacking).
+* Reward, ``kind="best"``: for each TF the best relative log-odds score over positions and both strands (1 = the
+  consensus site, 0 = the worst possible site), averaged over the TFs. It saturates: 200 bp of background alone
+  score ~0.81 and the corpus ~0.85, so it leaves fine-tuning little room.
+* Reward, ``kind="sites"`` (with room): for each TF a soft count ``c`` of strong sites (windows on either strand whose
+  relative score passes ``site_threshold``, through a sigmoid of width ``site_temperature``), mapped to
+  ``1 - exp(-c / sites_scale)``, averaged over the TFs: 0 without sites, -> 1 with several strong sites of every TF.
+  The corpus scores ~0.15; a site-packed sequence approaches 1.
+* The training oracle uses the JASPAR2024 matrices; an evaluation oracle with the JASPAR2022 matrix versions (other
+  widths and counts for all four TFs) is a second, related but different proxy (compare them to spot reward hacking).
 
 JASPAR matrices come from the SQLite files shipped inside the ``pyjaspar`` wheel (no downloads).
 """
@@ -151,8 +156,16 @@ class MotifProxyReward:
 
     release: str = TRAIN_RELEASE
     floor: float = 0.0
+    kind: str = "best"  # "best": best relative site score per TF; "sites": soft count of strong sites per TF
+    site_threshold: float = 0.9  # relative score of a strong site (background: ~0.1 such windows per TF per 200 bp)
+    site_temperature: float = 0.02
+    sites_scale: float = 2.0
 
     def __post_init__(self) -> None:
+        if self.kind not in ("best", "sites"):
+            raise ValueError(f"MotifProxyReward.kind must be 'best' or 'sites', got {self.kind!r}")
+        if self.site_temperature <= 0 or self.sites_scale <= 0:
+            raise ValueError("MotifProxyReward.site_temperature and sites_scale must be > 0")
         self._filters: list[tuple[Tensor, float, float]] | None = None
 
     def _motif_filters(self) -> list[tuple[Tensor, float, float]]:
@@ -166,21 +179,28 @@ class MotifProxyReward:
         return self._filters
 
     def __getstate__(self) -> dict:  # ship the config, not the cached tensors
-        return {"release": self.release, "floor": self.floor}
+        return {"release": self.release, "floor": self.floor, "kind": self.kind, "site_threshold": self.site_threshold,
+                "site_temperature": self.site_temperature, "sites_scale": self.sites_scale}
 
     def __setstate__(self, state: dict) -> None:
         self.__init__(**state)
 
     def per_tf_scores(self, onehot: Tensor) -> Tensor:
-        """Best relative score per TF, ``[B, n_tfs]``, for one-hot input ``[B, 4, L]``."""
+        """Per TF, ``[B, n_tfs]``, for one-hot input ``[B, 4, L]``: the best relative score (``best``) or the
+        saturating soft count of strong sites (``sites``)."""
         scores = []
         for weight, lo, hi in self._motif_filters():
-            best = F.conv1d(onehot, weight).amax(dim=(1, 2))
-            scores.append((best - lo) / (hi - lo))
+            relative = (F.conv1d(onehot, weight) - lo) / (hi - lo)  # [B, 2 strands, windows]
+            if self.kind == "best":
+                scores.append(relative.amax(dim=(1, 2)))
+            else:
+                count = torch.sigmoid((relative - self.site_threshold) / self.site_temperature).sum(dim=(1, 2))
+                scores.append(1.0 - torch.exp(-count / self.sites_scale))
         return torch.stack(scores, dim=1)
 
     def __call__(self, batch: Tensor | Sequence) -> tuple[np.ndarray, dict]:
-        rows = [list(s.upper()) for s in batch] if is_string_batch(batch) else as_token_rows(batch)
+        rows = ([None if s is None else list(s.upper()) for s in batch] if is_string_batch(batch)
+                else as_token_rows(batch))
         index = {b: i for i, b in enumerate("ACGT")}
         rewards = np.full(len(rows), self.floor, dtype=np.float64)
         info = {"n_queries": len(rows), "n_valid": 0, "n_invalid": 0}
@@ -188,7 +208,7 @@ class MotifProxyReward:
         ids, keep = [], []
         for i, row in enumerate(rows):
             try:
-                encoded = [index[b] if isinstance(b, str) else int(b) for b in row]
+                encoded = None if row is None else [index[b] if isinstance(b, str) else int(b) for b in row]
             except KeyError:
                 encoded = None
             if encoded is None or len(encoded) < min_width or not all(0 <= b < 4 for b in encoded):

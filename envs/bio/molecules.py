@@ -8,7 +8,8 @@ fixed length, so every generated row decodes to *some* molecule (possibly empty)
 Rewards (RDKit): QED, synthetic accessibility (Ertl & Schuffenhauer SA score from RDKit Contrib,
 mapped to ``(10 - SA) / 9`` so that higher is better) and the composite ``QED - w (SA - 1) / 9``.
 Empty, unparsable or failing molecules receive a floor reward and are counted; an oracle never raises
-on a bad molecule.
+on a bad molecule. String input is SMILES or SELFIES (:func:`molecule_string_to_smiles`: a SELFIES string is
+decoded, not misread as SMILES; a string that is valid both ways with different molecules raises a clear error).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import importlib.metadata
 import itertools
 import logging
 import os
+import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -138,6 +140,44 @@ def tokens_to_smiles(tokens: Tensor | Sequence, vocab: Vocab) -> list[str | None
     return out
 
 
+_ALL_BRACKETED = re.compile(r"^(\[[^\[\]]+\])+$")  # a SELFIES string has nothing outside [symbols]
+InputFormat = Literal["auto", "smiles", "selfies"]
+
+
+def selfies_to_smiles(text: str) -> str | None:
+    """SMILES of a SELFIES string, or ``None`` when it does not decode."""
+    try:
+        return sf.decoder(text)
+    except Exception:  # selfies' DecoderError and friends
+        return None
+
+
+def molecule_string_to_smiles(text: str | None, input_format: InputFormat = "auto") -> str | None:
+    """SMILES of a molecule given as SMILES or SELFIES (``None`` stays ``None``: a failed molecule).
+
+    ``auto``: a string with anything outside square brackets is SMILES. An all-bracketed string is read both ways:
+    if only one reading parses, that one; if both give the same molecule (``[Na+]``, ``[13CH4]``), that molecule;
+    if they differ (``[C][C][O]``: ethanol as SELFIES, a carbon-radical chain as SMILES) it raises a ``ValueError``
+    asking for ``input_format``, rather than silently scoring the wrong molecule.
+    """
+    if text is None or input_format == "smiles":
+        return text
+    if input_format == "selfies":
+        return selfies_to_smiles(text)
+    if input_format != "auto":
+        raise ValueError(f"input_format must be 'auto', 'smiles' or 'selfies', got {input_format!r}")
+    if not _ALL_BRACKETED.match(text):
+        return text
+    as_smiles, decoded = parse_molecule(text), selfies_to_smiles(text)
+    as_selfies = parse_molecule(decoded)
+    if as_smiles is None or as_selfies is None:
+        return decoded if as_smiles is None and decoded else text
+    if Chem.MolToSmiles(as_smiles) == Chem.MolToSmiles(as_selfies):
+        return text
+    raise ValueError(f"molecule string {text!r} is ambiguous: as SMILES it is {Chem.MolToSmiles(as_smiles)!r}, as "
+                     f"SELFIES {decoded!r}; pass MoleculeReward(input_format='smiles' or 'selfies')")
+
+
 def parse_molecule(smiles: str | None) -> Chem.Mol | None:
     """RDKit molecule, or ``None`` for failed, empty or unparsable SMILES."""
     if not smiles:
@@ -191,23 +231,27 @@ RewardKind = Literal["qed", "sa", "composite"]
 
 @dataclass
 class MoleculeReward:
-    """Batched RDKit reward: ``reward(tokens [B, L] | list of token rows | list of SMILES)``.
+    """Batched RDKit reward: ``reward(tokens [B, L] | list of token rows | list of SMILES/SELFIES strings or None)``.
 
     Returns ``(rewards float64 [B], info)`` with ``info`` counting ``n_queries``, ``n_valid``,
     ``n_empty`` (decoded to no atoms), ``n_invalid`` (RDKit could not parse) and ``n_errors``
-    (decoding or scoring raised). Cheap to construct and picklable, so pool workers can build one each.
+    (decoding or scoring raised, or the string was ``None``). Cheap to construct and picklable, so pool workers can
+    build one each. Strings are read by :func:`molecule_string_to_smiles` with ``input_format``.
     """
 
     vocab: Vocab | None = None
     kind: RewardKind = "qed"
     sa_weight: float = 0.5  # composite = QED - sa_weight * (SA - 1) / 9
     floor: float | None = None  # reward of invalid molecules; default: the kind's minimum
+    input_format: InputFormat = "auto"  # how string input is read: auto | smiles | selfies
 
     def __post_init__(self) -> None:
         if self.kind not in ("qed", "sa", "composite"):
             raise ValueError(f"MoleculeReward.kind must be 'qed', 'sa' or 'composite', got {self.kind!r}")
         if self.sa_weight < 0:
             raise ValueError(f"MoleculeReward.sa_weight must be >= 0, got {self.sa_weight}")
+        if self.input_format not in ("auto", "smiles", "selfies"):
+            raise ValueError(f"MoleculeReward.input_format must be auto, smiles or selfies, got {self.input_format!r}")
         if self.floor is None:
             self.floor = -self.sa_weight if self.kind == "composite" else 0.0
 
@@ -220,7 +264,7 @@ class MoleculeReward:
 
     def __call__(self, batch: Tensor | Sequence) -> tuple[np.ndarray, dict]:
         if is_string_batch(batch):
-            smiles = list(batch)
+            smiles = [molecule_string_to_smiles(s, self.input_format) for s in batch]
         else:
             if self.vocab is None:
                 raise ValueError("MoleculeReward got token ids but was built without a vocab")

@@ -111,7 +111,7 @@ class BetaSheetProxyReward:
     def __call__(self, batch: Tensor | Sequence) -> tuple[np.ndarray, dict]:
         info = {"n_queries": len(batch), "n_valid": 0, "n_empty": 0, "n_invalid": 0, "n_errors": 0}
         if is_string_batch(batch):
-            seqs = [s.upper() for s in batch]
+            seqs = [None if s is None else s.upper() for s in batch]
         else:
             seqs = []
             for row in as_token_rows(batch):

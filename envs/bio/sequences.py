@@ -96,5 +96,8 @@ def as_token_rows(tokens: Tensor | Sequence) -> list[list[int]]:
 
 
 def is_string_batch(batch: Tensor | Sequence) -> bool:
-    """True when a reward oracle received raw sequences (strings) rather than token ids."""
-    return not isinstance(batch, Tensor) and len(batch) > 0 and isinstance(batch[0], str)
+    """True when a reward oracle received raw sequences (strings, ``None`` for a missing one, e.g. a failed decode)
+    rather than token ids. A list of only ``None`` counts as strings: no token row is ``None``."""
+    if isinstance(batch, Tensor) or len(batch) == 0:
+        return False
+    return all(isinstance(x, str) or x is None for x in batch)

@@ -147,8 +147,9 @@ class FastHumanoid(gym.Env):
                 "tendon_velocity": data.ten_velocity, "distance_from_origin": math.hypot(x, y)}
         return self._observation(), (self._physics(info) if self.physics_state else info)
 
-    def step(self, action: np.ndarray) -> tuple[np.ndarray, float, bool, bool, dict]:
-        """HumanoidEnv.step + TimeLimit: reward = forward + healthy - ctrl cost - contact cost (Humanoid-v5 docs)."""
+    def step_into(self, action: np.ndarray, obs_out: np.ndarray) -> tuple[float, bool, bool]:
+        """:meth:`step` without the info dict, writing the observation into ``obs_out``: what a vectorised rollout
+        needs per env step (``envs.control.rollout``), with nothing allocated."""
         if self._elapsed_steps is None:
             raise gym.error.ResetNeeded("Cannot call env.step() before calling env.reset()")
         ctrl = self._ctrl
@@ -160,7 +161,7 @@ class FastHumanoid(gym.Env):
         x_after, y_after, _ = self._mass_centre_xy()
         x_velocity, y_velocity = (x_after - x_before) / self._dt, (y_after - y_before) / self._dt
 
-        x, y, z = self._qpos[:3].tolist()
+        z = float(self._qpos[2])
         healthy = self._healthy_z_range[0] < z < self._healthy_z_range[1]
         forward_reward = self._forward_reward_weight * x_velocity
         healthy_reward = healthy * self._healthy_reward
@@ -172,14 +173,23 @@ class FastHumanoid(gym.Env):
         terminated = (not healthy) and self._terminate_when_unhealthy
         self._elapsed_steps += 1
         truncated = self.max_episode_steps is not None and self._elapsed_steps >= self.max_episode_steps
+        self._terms = (x_velocity, y_velocity, healthy_reward, forward_reward, ctrl_cost, contact_cost)
+        np.concatenate(self._obs_parts, out=obs_out)
+        return reward, terminated, truncated
 
+    def step(self, action: np.ndarray) -> tuple[np.ndarray, float, bool, bool, dict]:
+        """HumanoidEnv.step + TimeLimit: reward = forward + healthy - ctrl cost - contact cost (Humanoid-v5 docs)."""
+        obs = np.empty(self.observation_space.shape)  # a fresh array: callers may keep observations
+        reward, terminated, truncated = self.step_into(action, obs)
+        x_velocity, y_velocity, healthy_reward, forward_reward, ctrl_cost, contact_cost = self._terms
+        x, y = self._qpos[:2].tolist()
         info = {"x_position": x, "y_position": y, "tendon_length": self.data.ten_length,
                 "tendon_velocity": self.data.ten_velocity, "distance_from_origin": math.hypot(x, y),
                 "x_velocity": x_velocity, "y_velocity": y_velocity, "reward_survive": healthy_reward,
                 "reward_forward": forward_reward, "reward_ctrl": -ctrl_cost, "reward_contact": -contact_cost}
         if self.physics_state:
             self._physics(info)
-        return self._observation(), reward, terminated, truncated, info
+        return obs, reward, terminated, truncated, info
 
 
 # gymnasium ids this module reproduces, and the class that does it

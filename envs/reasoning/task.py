@@ -18,6 +18,14 @@ computation steps. Reward is exact match of the final ``ans=`` line.
 The layout is chosen so that a two-layer transformer learns the look-ups within a few hundred steps: a value is
 always emitted right after its variable's name, and every definition site reads ``name=value``, so one look-up is
 "find ``<name>=`` and copy the next token" (an induction-head pattern).
+
+Two program layouts (``ReasoningTaskConfig.layout``):
+
+* ``chain`` (the default): the query is the last step and nearly every step feeds it; short programs.
+* ``cone`` and ``hub`` (:mod:`envs.reasoning.cone`): only part of the steps feed the queried variable (its
+  dependency cone); distractor steps, early ones included, are computed too but never reach the answer. In ``hub``
+  one mid-trace cone step feeds every later cone step. The answer line names the queried variable
+  (``ans=q7``), so reading off its value is the same look-up as copying an operand.
 """
 
 from __future__ import annotations
@@ -32,6 +40,7 @@ DELIMITER = "\n"
 VALUES_MARK = ":"  # separates a step's definition from its operands (name + value)
 ASSIGN_MARK = ";"  # precedes the step's result, written ``name=value`` like the prompt's inputs
 VARIABLE_NAMES = "abcdefghijklmnopqrstuvwxyz"
+LAYOUTS = ("chain", "cone", "hub")
 
 
 @dataclass(frozen=True)
@@ -54,9 +63,18 @@ class ReasoningTaskConfig:
     modulus: int = 10
     ops: str = "+-"
     bounded: bool = True
-    recency_bias: float = 0.5
+    recency_bias: float = 0.5  # chain layout only
+    layout: str = "chain"  # "chain", "cone" or "hub" (module docstring)
+    cone_fraction: float = 0.5  # cone/hub: share of the computation steps in the answer's dependency cone
+    distractor_reuse: float = 0.3  # cone/hub: probability that a distractor's operand is an earlier distractor
 
     def __post_init__(self) -> None:
+        if self.layout not in LAYOUTS:
+            raise ValueError(f"layout must be one of {LAYOUTS}, got {self.layout!r}")
+        if not 0.0 < self.cone_fraction <= 1.0:
+            raise ValueError(f"cone_fraction must be in (0, 1], got {self.cone_fraction}")
+        if not 0.0 <= self.distractor_reuse <= 1.0:
+            raise ValueError(f"distractor_reuse must be in [0, 1], got {self.distractor_reuse}")
         if not 1 <= self.min_steps <= self.max_steps:
             raise ValueError(f"min_steps/max_steps must satisfy 1 <= min_steps <= max_steps, got {self.min_steps}, "
                              f"{self.max_steps}")
@@ -94,10 +112,28 @@ class Problem:
     modulus: int
     value_width: int
     values: dict[str, int] = field(compare=False, hash=False, repr=False)
+    name_in_answer: bool = False  # the answer line reads ``ans=<query><value>`` (cone/hub layouts)
 
     @property
     def difficulty(self) -> int:
         return len(self.steps)
+
+    @property
+    def answer_line(self) -> str:
+        return ANSWER_PREFIX + (self.query if self.name_in_answer else "") + self.fmt(self.answer)
+
+    def dependency_cone(self) -> list[bool]:
+        """One entry per response step of the solution: True for the computation steps whose value the answer
+        depends on (the query's step and, transitively, the steps it reads), False for the others and for the
+        answer line itself."""
+        needed = {self.query}
+        cone = [False] * len(self.steps)
+        for i in reversed(range(len(self.steps))):
+            s = self.steps[i]
+            if s.target in needed:
+                cone[i] = True
+                needed |= {s.left, s.right}
+        return cone + [False]
 
     @property
     def answer(self) -> int:
@@ -119,7 +155,7 @@ class Problem:
             lhs, rhs = self.fmt(self.values[s.left]), self.fmt(self.values[s.right])
             lines.append(f"{s.target}={s.left}{s.op}{s.right}{VALUES_MARK}{s.left}{lhs}{s.op}{s.right}{rhs}"
                          f"{ASSIGN_MARK}{s.target}={self.fmt(self.values[s.target])}")
-        lines.append(ANSWER_PREFIX + self.fmt(self.answer))
+        lines.append(self.answer_line)
         return lines
 
     @property
@@ -128,10 +164,14 @@ class Problem:
 
 
 def sample_problem(cfg: ReasoningTaskConfig, rng: random.Random, difficulty: int | None = None) -> Problem:
-    """Draw one program; the query is the last computed variable, so the answer depends on the final step."""
+    """Draw one program. Chain layout: the query is the last computed variable, so the answer depends on the final
+    step; cone and hub layouts: :func:`envs.reasoning.cone.sample_cone_problem`."""
     num_steps = rng.randint(cfg.min_steps, cfg.max_steps) if difficulty is None else difficulty
     if num_steps < 1 or cfg.num_inputs + num_steps > len(VARIABLE_NAMES):
         raise ValueError(f"difficulty must be in [1, {len(VARIABLE_NAMES) - cfg.num_inputs}], got {num_steps}")
+    if cfg.layout != "chain":
+        from envs.reasoning.cone import sample_cone_problem
+        return sample_cone_problem(cfg, rng, num_steps)
     names = iter(VARIABLE_NAMES)
     values: dict[str, int] = {}
     inputs = []
@@ -145,25 +185,33 @@ def sample_problem(cfg: ReasoningTaskConfig, rng: random.Random, difficulty: int
         # Distinct operands: "x-x" would make a step's value independent of its inputs.
         first = defined[-1] if rng.random() < cfg.recency_bias else rng.choice(defined)
         second = rng.choice([v for v in defined if v != first])
-        choices = [(op, x, y) for op in cfg.ops for x, y in ((first, second), (second, first))]
-        if cfg.bounded:
-            choices = [c for c in choices if 0 <= OPS[c[0]](values[c[1]], values[c[2]]) < cfg.modulus] or [
-                (op, x, y) for op in "+-" for x, y in ((first, second), (second, first))
-                if 0 <= OPS[op](values[x], values[y]) < cfg.modulus]  # + or - always has an in-range order
-        op, left, right = rng.choice(choices)
         target = next(names)
-        values[target] = OPS[op](values[left], values[right]) % cfg.modulus
-        steps.append(Step(target, left, op, right))
+        steps.append(combine(cfg, rng, values, target, first, second))
         defined.append(target)
     return Problem(tuple(inputs), tuple(steps), steps[-1].target, cfg.modulus, cfg.value_width, values)
 
 
+def combine(cfg: ReasoningTaskConfig, rng: random.Random, values: dict[str, int], target: str, first: str,
+            second: str) -> Step:
+    """The step ``target = first op second`` (or with the operands swapped): operator and order drawn as
+    ``cfg.bounded`` allows; ``values[target]`` is set."""
+    choices = [(op, x, y) for op in cfg.ops for x, y in ((first, second), (second, first))]
+    if cfg.bounded:
+        choices = [c for c in choices if 0 <= OPS[c[0]](values[c[1]], values[c[2]]) < cfg.modulus] or [
+            (op, x, y) for op in "+-" for x, y in ((first, second), (second, first))
+            if 0 <= OPS[op](values[x], values[y]) < cfg.modulus]  # + or - always has an in-range order
+    op, left, right = rng.choice(choices)
+    values[target] = OPS[op](values[left], values[right]) % cfg.modulus
+    return Step(target, left, op, right)
+
+
 def reward(problem: Problem, response: str, finished: bool = True) -> float:
-    """Exact match of the final line with ``ans=<answer>``; unfinished (truncated) responses get 0."""
+    """Exact match of the final line with the answer line (``ans=<answer>``, or ``ans=<query><answer>`` in the
+    cone/hub layouts); unfinished (truncated) responses get 0."""
     if not finished:
         return 0.0
     lines = response.rstrip(DELIMITER).split(DELIMITER)
-    return float(lines[-1] == ANSWER_PREFIX + problem.fmt(problem.answer))
+    return float(lines[-1] == problem.answer_line)
 
 
 def step_influence(problem: Problem, transitive: bool = True) -> list[int]:
@@ -238,9 +286,12 @@ class ReasoningTask:
     def influence(self, problem: Problem, transitive: bool = True) -> list[int]:
         return step_influence(problem, transitive)
 
+    def dependency_cone(self, problem: Problem) -> list[bool]:
+        return problem.dependency_cone()
+
     def max_response_chars(self, difficulty: int | None = None) -> int:
         """Length of the longest reference response (+1 for the end token), a safe generation cap."""
         steps = self.cfg.max_steps if difficulty is None else difficulty
         w = self.cfg.value_width
         line = 5 + 1 + 2 * (1 + w) + 1 + 1 + 2 + w + 1  # c=a+b : axx+byy ; c= zz \n
-        return steps * line + len(ANSWER_PREFIX) + w + 1
+        return steps * line + len(ANSWER_PREFIX) + (self.cfg.layout != "chain") + w + 1

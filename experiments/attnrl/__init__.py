@@ -1,4 +1,4 @@
 """AttnRL on the cluster: attention-guided tree RL for a reasoning LM against GRPO and entropy branching."""
 
 EXPERIMENTS = {"attnrl": "experiments.attnrl.driver"}
-SAMPLERS = {"lm": "experiments.attnrl.sampler:LMSampler"}
+SAMPLERS = {"lm": ("experiments.attnrl.sampler:LMSampler", "gpu")}  # the pool's gpu group where it has one

@@ -25,9 +25,12 @@ class Config:
     eval_problems_per_difficulty: int = 16
     eval_every_updates: int = 5
     checkpoint_every_updates: int = 20
-    requests_per_worker: int = 1  # each generation call is split into pool.num_workers * this pool requests
+    requests_per_worker: int = 1  # a generation call = (workers of the lm sampler's pool group) x this pool requests
     sampler_max_batch: int | None = None  # rollouts decoded together in a worker (None: the whole request)
-    autocast_bf16: bool = False
+    # Teacher-forced passes of the learner (reference log-probs, and the PPO micro-batches) cover at most this many
+    # padded tokens each, bounding the (tokens x vocabulary) logits; None: all sequences (a mini-batch) at once.
+    max_tokens_per_forward: int | None = None
+    autocast_bf16: bool | str = "auto"  # "auto": bf16 where the device runs it natively (algos.precision.use_bf16)
     eval_seed: int = 12345
 
     def __post_init__(self) -> None:
@@ -40,12 +43,16 @@ class Config:
                     "requests_per_worker"):
             if getattr(self, key) < 1:
                 raise ValueError(f"experiment.{key}: must be >= 1, got {getattr(self, key)}")
-        if self.sampler_max_batch is not None and self.sampler_max_batch < 1:
-            raise ValueError(f"experiment.sampler_max_batch: must be >= 1 or null, got {self.sampler_max_batch}")
-        for key in ("hf_model", "sft_model"):
-            path = getattr(self, key)
-            if path is not None and not Path(path).exists():
-                raise FileNotFoundError(f"experiment.{key}: {path} does not exist")
+        for key in ("sampler_max_batch", "max_tokens_per_forward"):
+            if getattr(self, key) is not None and getattr(self, key) < 1:
+                raise ValueError(f"experiment.{key}: must be >= 1 or null, got {getattr(self, key)}")
+        if self.autocast_bf16 not in (True, False, "auto", None):  # null: auto
+            raise ValueError(f"experiment.autocast_bf16: must be true, false or auto, got {self.autocast_bf16!r}")
+        if self.hf_model is not None and not (Path(self.hf_model) / "config.json").is_file():
+            raise FileNotFoundError(f"experiment.hf_model: {self.hf_model} is not a local Hugging Face model "
+                                    "directory (no config.json in it); models are read from disk, never downloaded")
+        if self.sft_model is not None and not Path(self.sft_model).is_file():
+            raise FileNotFoundError(f"experiment.sft_model: {self.sft_model} does not exist")
 
     @property
     def run_methods(self) -> list[str]:
@@ -88,9 +95,9 @@ def check(exp: Config, raw: dict) -> None:
     if exp.hf_model is None:
         from envs.reasoning.task import CharTokenizer
         exp.gpt_config(CharTokenizer().vocab_size)
-    train = raw.get("train") or {}
-    if int(train.get("num_workers", 1)) != 1:
-        # algos.attnrl.train.train is one sequential pipeline (tree building, adaptive batch, off-policy schedule);
-        # splitting its PPO mini-batches over DDP ranks would give ranks different numbers of backward passes.
-        raise ConfigError("train.num_workers: the AttnRL learner runs on one Train worker (got "
-                          f"{train.get('num_workers')}); scale rollouts with pool.num_workers instead")
+    scale = (raw.get("scale") or {}).get("name")
+    if scale == "paper" and exp.hf_model is None:
+        raise ConfigError("experiment.hf_model: scale=paper trains a Hugging Face model (the paper: "
+                          "DeepSeek-R1-Distill-Qwen-1.5B): pass experiment.hf_model=<local model directory>")
+    # any train.num_workers: rank 0 runs the pipeline, every rank trains on its share of each mini-batch
+    # (experiments.attnrl.ranks)

@@ -3,14 +3,16 @@
     python -m experiments.run experiment=attnrl                                    # compare mode (attnrl, grpo)
     python -m experiments.run experiment=attnrl experiment.methods=[] experiment.method=entropy_tree
     python -m experiments.run experiment=attnrl scale=paper experiment.hf_model=/models/<local HF dir>
+    python -m experiments.run experiment=attnrl ... resume=true                    # a killed run continues
 
 One run:
     1. SFT: pretrain the policy on reference solutions (:mod:`experiments.attnrl.sft_stage`; cached as
        ``<run>/sft_model.pt``, or loaded from ``experiment.sft_model``), so RL starts good on short problems and
        poor on long ones;
     2. for each method (compare mode: one after another, every one from the same SFT model) one Ray Train fit runs
-       the learner (:mod:`experiments.attnrl.learner`): ``algos.attnrl.train.train`` whose ``generate_fn`` sends every
-       generation call to the pool's "lm" samplers (split over the workers), with the weights published by version:
+       the learner (:mod:`experiments.attnrl.learner`, data-parallel over ``train.num_workers``, resumable mid-run):
+       ``algos.attnrl.train.train`` whose ``generate_fn`` sends every generation call to the pool's "lm" samplers
+       (split over the workers of the pool's ``gpu`` group, or its default one), with the weights published by version:
        call m of AttnRL's one-step off-policy pipeline carries the initial samples of batch m+1 and the continuations
        of batch m and is sampled by the weights after m updates. Workers compute FCI from the decoding pass and score
        rewards;
@@ -30,7 +32,7 @@ from experiments.attnrl.config import Config, check  # noqa: F401 - the registry
 
 def loop_config(cfg: dict, ctx, method: str, sft_path: Path) -> dict:
     return {"experiment": dataclasses.asdict(ctx.typed["experiment"]), "pool": dataclasses.asdict(ctx.typed["pool"]),
-            "run_path": str(ctx.run_dir.path), "run_id": f"{cfg['experiment']['name']}/{ctx.run_dir.name}",
+            "run_path": str(ctx.run_dir.path), "run_id": ctx.run_id,
             "method": method, "seed": cfg["seed"], "torch_threads": cfg["torch_threads"], "sft_path": str(sft_path)}
 
 

@@ -1,6 +1,6 @@
 """Generation for the AttnRL learner on the shared pool: ``algos.attnrl.train.train``'s ``generate_fn`` sends each
-generation call to the pool's "lm" samplers (split over the workers) with the weights published by version, and
-records which batch every call carried."""
+generation call to the pool's "lm" samplers (split over the workers) with the weights published by version, records
+which batch every call carried and logs its rollouts (which a resumed learner replays)."""
 from __future__ import annotations
 
 import functools
@@ -11,6 +11,7 @@ from typing import Any, Sequence
 import torch
 
 from algos.attnrl.sft import accuracy_by_difficulty
+from experiments.attnrl.rollout_log import LoggedCall, RolloutLog, replayed_rollouts
 
 
 class RecordingTask:
@@ -37,21 +38,27 @@ class PoolGenerator:
 
     Before a call, the learner's current weights are published if an update happened since the last publication
     (one pool version per policy update); the call's requests are split into ``num_chunks`` pool requests. Every
-    call is recorded (``calls``) with the number of updates before it, the weights version the workers used and,
-    from the request tags, which batch's initial samples and which batch's continuations it carried.
+    call is recorded (``calls``) with the number of updates before it, the weights version the workers used and
+    which batch's initial samples it carried; :meth:`on_update` adds which batch's continuations it carried.
+
+    With a ``log`` every call's rollouts are written to it; calls in ``replay`` (a resumed learner's log) are
+    answered from there, in order, before any call goes to the pool.
     """
 
     def __init__(self, pool, key: str, policy, weights_fn, task: RecordingTask, num_chunks: int,
-                 sampler_config: dict | None = None) -> None:
+                 sampler_config: dict | None = None, log: RolloutLog | None = None,
+                 replay: Sequence[LoggedCall] = ()) -> None:
         self.pool, self.key, self.policy, self.weights_fn = pool, key, policy, weights_fn
         self.task, self.num_chunks = task, num_chunks
         self.sampler_config = sampler_config or {}
-        self.updates = 0  # policy updates applied so far (advanced by the learner's log_fn)
+        self.log = log
+        self.replay: deque[LoggedCall] = deque(replay)
+        self.updates = 0  # policy updates applied so far (advanced by the learner's log_fn, see on_update)
         self.published_updates = -1
         self.version = 0  # pool version holding the weights after ``published_updates`` updates
         self.version_of_updates: dict[int, int] = {}
         self.calls: list[dict] = []
-        self.pending_batches: deque[int] = deque()
+        self.pending_batches: deque[int] = deque()  # tree batches whose continuations are still to be trained
         self.next_batch = 0
         self.batch_stats: dict[int, dict] = {}
         self.generated_tokens = 0
@@ -65,10 +72,11 @@ class PoolGenerator:
 
     def run(self, items: list[dict], max_new_tokens: int, temperature: float, fci: dict | None,
             generator=None) -> list:
+        if not items:  # e.g. every prompt of a batch filtered out by adaptive sampling: nothing to sample
+            return []
         version = self.publish()
         chunks = _split(items, self.num_chunks)
-        seeds = [int(torch.randint(0, 2**31 - 1, (1,), generator=generator)) if generator is not None else i
-                 for i in range(len(chunks))]
+        seeds = _chunk_seeds(len(chunks), generator)
         results = self.pool.map("lm", [{"items": c, "max_new_tokens": max_new_tokens, "temperature": temperature,
                                         "fci": fci, "seed": s} for c, s in zip(chunks, seeds)],
                                 config=self.sampler_config, weights=self.key)
@@ -78,6 +86,14 @@ class PoolGenerator:
         return [r for res in results for r in res["rollouts"]]
 
     def __call__(self, policy, requests, max_new_tokens, temperature=1.0, generator=None, step_score_fn=None):
+        if self.replay:
+            _chunk_seeds(len(_split(list(requests), self.num_chunks)), generator)  # as the live call drew them
+            call = self.replay.popleft()
+            rollouts = replayed_rollouts(call, list(requests), len(self.calls))
+            if call.published_version is not None:
+                self.version = call.published_version
+            self._record_call(rollouts)
+            return rollouts
         fci = None
         if step_score_fn is not None:
             if not isinstance(step_score_fn, functools.partial):
@@ -87,27 +103,40 @@ class PoolGenerator:
                   "max_new_tokens": r.max_new_tokens, "tag": r.tag,
                   "problem": self.task.by_prompt.get(tuple(r.prompt_ids))} for r in requests]
         rollouts = self.run(items, max_new_tokens, temperature, fci, generator)
+        if self.log is not None:
+            self.log.write(rollouts, self.version)
         self._record_call(rollouts)
         return rollouts
 
+    @property
+    def replaying(self) -> bool:
+        return bool(self.replay)
+
     def _record_call(self, rollouts: list) -> None:
-        is_cont = [isinstance(r.tag, tuple) and r.tag and r.tag[0] == "cont" for r in rollouts]
-        init = [r for r, c in zip(rollouts, is_cont) if not c]
+        kinds = [r.tag[0] if isinstance(r.tag, tuple) and r.tag and isinstance(r.tag[0], str) else None
+                 for r in rollouts]
+        init = [r for r, k in zip(rollouts, kinds) if k != "cont"]  # GRPO's samples count as initial samples
         tokens = sum(r.num_generated for r in rollouts)
         self.generated_tokens += tokens
-        init_batch = cont_batch = -1
-        if any(is_cont):
-            cont_batch = self.pending_batches.popleft()  # the oldest batch still waiting for its continuations
+        init_batch = -1
         if init:
             init_batch = self.next_batch
             self.next_batch += 1
-            self.pending_batches.append(init_batch)
+            if "init" in kinds:  # a tree batch: its continuations come in a later call
+                self.pending_batches.append(init_batch)
             self.batch_stats[init_batch] = _initial_sample_stats(init, self.task)
         self.calls.append({"call": len(self.calls), "updates_before": self.updates,
                            "weights_version": int(rollouts[0].meta["weights_version"]) if rollouts else -1,
-                           "published_version": self.version, "init_batch": init_batch, "cont_batch": cont_batch,
-                           "init_requests": len(init), "cont_requests": int(sum(is_cont)),
+                           "published_version": self.version, "init_batch": init_batch, "cont_batch": -1,
+                           "init_requests": len(init), "cont_requests": kinds.count("cont"),
                            "generated_tokens": tokens})
+
+    def on_update(self) -> None:
+        """An update was made. For a tree method it trained the oldest batch still waiting for its continuations,
+        which the last call carried (that call may have had none to sample: every response filtered)."""
+        self.updates += 1
+        if self.pending_batches and self.calls:
+            self.calls[-1]["cont_batch"] = self.pending_batches.popleft()
 
     def evaluate(self, problems: Sequence, max_new_tokens: int) -> tuple[float, dict[int, float]]:
         """Greedy accuracy of the current weights on ``problems``, generated and scored on the pool."""
@@ -118,9 +147,18 @@ class PoolGenerator:
 
 
 def _split(items: list, n: int) -> list[list]:
+    if not items:
+        return []
     n = max(1, min(n, len(items)))
     size = math.ceil(len(items) / n)
     return [items[i:i + size] for i in range(0, len(items), size)]
+
+
+def _chunk_seeds(num_chunks: int, generator) -> list[int]:
+    """One sampling seed per pool request, drawn from the training run's generator (so a run is reproducible
+    whichever worker takes which request); without a generator (evaluation) the chunk index."""
+    return [int(torch.randint(0, 2**31 - 1, (1,), generator=generator)) if generator is not None else i
+            for i in range(num_chunks)]
 
 
 def _initial_sample_stats(init: list, task: RecordingTask) -> dict[str, float]:

@@ -1,7 +1,8 @@
 """Pool sampler for AttnRL: LM rollouts (initial samples and continuations) with FCI and exact-match rewards.
 
 config:  task (envs.reasoning.task.ReasoningTaskConfig fields), seed, hf_model (local HF model dir or None),
-         delimiter (step delimiter of an HF tokenizer), autocast_bf16, max_batch_size
+         delimiter (step delimiter of an HF tokenizer), autocast_bf16 (true, false or "auto": by the device),
+         max_batch_size, run (the run id: samplers of different runs are different samplers)
 weights: experiments.attnrl.weights (the character GPT or a local Hugging Face causal LM)
 request: items (list of {prompt_ids, prefix_ids, max_new_tokens, tag, problem}), max_new_tokens, temperature,
          fci (None, or {"delta", "zero_first_step"}: FCI from the attention rows of the decoding pass), seed
@@ -9,7 +10,9 @@ result:  rollouts (algos.attnrl.lm.Rollout, ``meta["reward"]`` = exact-match rew
          ``meta["weights_version"]``), generated_tokens, weights_version, num_samples
 
 The worker holds one policy per (sampler config); a new weights version is loaded in place (a state dict), so an
-HF model is read from disk once per worker.
+HF model is read from disk once per worker. The model lives on the device Ray gave the worker (its GPU share in the
+pool's ``gpu`` group, where memory is capped to that share; else the CPU), decoding in bf16 where that device runs it
+natively.
 """
 from __future__ import annotations
 
@@ -20,6 +23,8 @@ import torch
 
 from algos.attnrl.fci import fci_scores
 from algos.attnrl.lm import GenerationRequest, Policy, generate
+from algos.precision import use_bf16
+from cluster.devices import assigned_device
 from envs.reasoning.task import ReasoningTask, ReasoningTaskConfig
 from experiments.attnrl.weights import build_policy
 
@@ -35,7 +40,9 @@ class LMSampler:
         self.task = ReasoningTask(ReasoningTaskConfig(**(config.get("task") or {})))
         self.policy: Policy | None = None
         self.version = 0
-        self.generator = torch.Generator().manual_seed(int(config.get("seed", 0)))
+        self.device = assigned_device()
+        _cap_gpu_memory(self.device)
+        self.generator = torch.Generator(device=self.device).manual_seed(int(config.get("seed", 0)))
 
     def load_weights(self, weights: dict, version: int) -> None:
         same_model = self.policy is not None and weights.get("kind") == self._kind and \
@@ -43,8 +50,9 @@ class LMSampler:
         if same_model and weights.get("state_dict") is not None:
             self.policy.model.load_state_dict(weights["state_dict"])  # new version of the same model: in place
         else:
-            self.policy = build_policy(weights, bool(self.config.get("autocast_bf16", False)),
+            self.policy = build_policy(weights, use_bf16(self.config.get("autocast_bf16", "auto"), self.device),
                                        self.config.get("delimiter", "\n"))
+            self.policy.model.to(self.device)
             self._kind, self._gpt, self._path = weights.get("kind"), weights.get("gpt"), weights.get("path")
         self.version = version
 
@@ -70,3 +78,13 @@ class LMSampler:
             r.meta["weights_version"] = self.version
         return {"rollouts": rollouts, "generated_tokens": sum(r.num_generated for r in rollouts),
                 "weights_version": self.version, "num_samples": len(rollouts)}
+
+
+def _cap_gpu_memory(device: torch.device) -> None:
+    """Ray shares a GPU between fractional workers by accounting only: hold this process to its fraction."""
+    if device.type != "cuda":
+        return
+    import ray
+    share = ray.get_runtime_context().get_assigned_resources().get("GPU", 1.0) if ray.is_initialized() else 1.0
+    if 0.0 < share < 1.0:
+        torch.cuda.set_per_process_memory_fraction(share, device)

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import torch
 
+from algos.precision import use_bf16
 from experiments.attnrl.config import Config
 from experiments.attnrl.weights import build_policy, gpt_weights, hf_weights
 
@@ -38,7 +39,7 @@ def pretrain_sft(exp: Config, run_path: Path, seed: int) -> tuple[Path, dict]:
         weights = gpt_weights(policy, gpt_cfg)
     else:
         from algos.attnrl.lm import load_hf_policy
-        policy = load_hf_policy(exp.hf_model, autocast_bf16=exp.autocast_bf16)
+        policy = load_hf_policy(exp.hf_model, autocast_bf16=use_bf16(exp.autocast_bf16, "cpu"))
         info = pretrain(policy, task, exp.sft_config())
         weights = hf_weights(policy, exp.hf_model)
     info = {**info, "wall_s": time.perf_counter() - t0}
@@ -53,6 +54,6 @@ def evaluate_sft(exp: Config, sft_path: Path) -> tuple[float, dict[int, float]]:
     from algos.attnrl.sft import evaluate_accuracy
     from envs.reasoning.task import ReasoningTask
     task = ReasoningTask(exp.task_config())
-    policy = build_policy(load_sft(sft_path)[0], exp.autocast_bf16)
+    policy = build_policy(load_sft(sft_path)[0], use_bf16(exp.autocast_bf16, "cpu"))
     res = evaluate_accuracy(policy, task, task.evaluation_problems(exp.eval_problems_per_difficulty, exp.eval_seed))
     return res.accuracy, res.by_difficulty

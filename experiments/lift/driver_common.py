@@ -21,9 +21,10 @@ def env_task(raw: dict, choices: Any, requirement: str) -> str:
 
 
 def loop_config(cfg: dict, ctx: Any, task: str, **extra: Any) -> dict[str, Any]:
-    """What a learner's ``train_fn`` receives: its experiment and pool sections, where to write, and the task."""
+    """What a learner's ``train_fn`` receives: its experiment and pool sections, where to write, the task and the run's
+    unique id (the prefix of its pool weight keys and the scope of its pool entries)."""
     return {"experiment": dataclasses.asdict(ctx.typed["experiment"]), "pool": dataclasses.asdict(ctx.typed["pool"]),
-            "run_path": str(ctx.run_dir.path), "run_id": f"{cfg['experiment']['name']}/{ctx.run_dir.name}",
+            "run_path": str(ctx.run_dir.path), "run_id": ctx.run_id,
             "task": task, "seed": cfg["seed"], "torch_threads": cfg["torch_threads"], **extra}
 
 

@@ -1,16 +1,19 @@
 """LIFT stage 3 learner: one Ray Train worker (rank) finetuning the pretrained SAC agent in the changed env.
 
-Before the first epoch: stage 2 (the world model fitted on the pretraining replay, cached under run_dir/wm/), the
-zero-shot point of the curve and a deterministic prefill of the real buffer. Per epoch e, in the order of LIFT's
-``finetune_wm_ac.py`` (``lift`` and ``mbpo_wm``; ``sac_finetune`` replaces 1-3 by plain SAC on real data):
-    1. retrain the world model on all real data of the changed env (early stopping, warm start);
-    2. collect ``real_steps_per_epoch`` real steps through the pool with the deterministic policy;
-    3. HUPT(e) x {model rollouts of H(e) steps from real states with the stochastic policy -> model buffer;
-       ``updates_per_rollout`` SAC steps on batches with ``real_ratio`` real data};
-    4. publish, evaluate deterministically in the changed env, log and checkpoint.
+Before the first epoch: stage 2 (the world model fitted on the pretraining replay, cached in the pretraining run),
+the zero-shot point of the curve and a prefill of the real buffer. Per epoch e, in the order of LIFT's
+``finetune_wm_ac.py`` (model-based methods; the model-free ones replace 1-3 by SAC on real data):
+    1. retrain the world model on all real data of the changed env (early stopping, warm start, scalers refit);
+    2. collect ``real_steps_per_epoch`` real steps through the pool (deterministic actions for LIFT); before the model
+       sees them they are its held-out data: the per-epoch world-model error on real transitions;
+    3. HUPT(e) x {model rollouts of H(e) steps from real states with the stochastic policy, the actor seeing the
+       model's std as noise -> the epoch's model buffer; ``updates_per_rollout`` SAC steps on mixed batches};
+    4. publish, evaluate deterministically in the changed env, log and checkpoint (every rank its own file).
+Every rank runs the same number of SAC steps in every phase (DDP all-reduces each backward).
 """
 from __future__ import annotations
 
+import copy
 import logging
 import math
 import time
@@ -21,21 +24,25 @@ import numpy as np
 import torch
 
 from algos.lift.agent import SACAgent
-from algos.lift.finetune import LinearSchedule, action_rate, branch_rollouts, mixed_sampler, sample_start_states
+from algos.lift.finetune import Branching, LinearSchedule, action_rate, branch_and_update
 from algos.lift.replay import ReplayBuffer, transition_fields
 from algos.lift.sac import SACConfig, update
-from algos.lift.world_model_training import train_world_model
+from algos.lift.world_model_training import heldout_errors, train_world_model
 from cluster import ddp
 from cluster.journal import Journal
 from cluster.metrics import MetricsLogger, Progress
-from experiments.lift.finetune_config import METHODS, Config
-from experiments.lift.learner_common import (evaluate_on_rank0, learner_device, load_checkpoint, publish,
-                                             save_checkpoint, sync_normalizer)
-from experiments.lift.world_models import (early_stopping, pretrain_world_model, rollout_functions,
-                                           world_model_columns, world_model_config)
+from envs.control.safety import JointSafety
+from envs.control.tasks import make_env
+from experiments.lift.finetune_config import METHOD_SPECS, METHODS, Config
+from experiments.lift.learner_common import (evaluate_on_rank0, gather_max, learner_device, load_checkpoint,
+                                             param_divergence, publish, save_checkpoint, sync_normalizer)
+from experiments.lift.world_models import (early_stopping, has_command, pretrain_world_model, rollout_functions,
+                                           stage2_cache_path, world_model_columns, world_model_config)
 from experiments.registry import attach_pool
 
 log = logging.getLogger(__name__)
+SAFETY_KEYS = ("joint_excursion", "joint_speed", "torso_tilt")
+HELDOUT_HORIZON = 10  # steps of the open-loop error on each epoch's fresh real data
 
 
 def train_fn(config: dict) -> None:
@@ -43,17 +50,17 @@ def train_fn(config: dict) -> None:
     learner = FinetuneLearner(config)
     exp = learner.exp
     learner.start()
-    while learner.epoch < exp.epochs:
+    while learner.epoch < exp.epochs and not learner.recovered:
         learner.begin_epoch()
-        if learner.uses_model:
+        if learner.model is not None:
             if exp.wm_retrain_first:
                 learner.retrain_model()  # 1. the model follows the new env's data
-            learner.collect_real(exp.real_steps_per_epoch // learner.world)  # 2. deterministic real steps
+            learner.collect_real(exp.real_steps_per_epoch // learner.world, heldout=True)  # 2.
             if not exp.wm_retrain_first:
                 learner.retrain_model()
             learner.branch_and_update()  # 3. branch in the model, update on mostly model data
         else:
-            learner.update_on_real_data()  # sac_finetune: real steps with exploration, SAC in bursts
+            learner.update_on_real_data()  # model-free: real steps with exploration, SAC in bursts
         learner.publish()
         learner.evaluate()  # 4.
         learner.end_epoch()
@@ -61,12 +68,12 @@ def train_fn(config: dict) -> None:
 
 
 def build_agent(agent_path: Path, exp: Config, device: torch.device) -> tuple[SACAgent, SACConfig]:
-    """The pretrained SACAgent with LIFT's finetune coefficients: weights, targets, normalizer and (optionally) Adam
-    states from ``agent.pt``; a fresh temperature at ``init_log_alpha`` with a fresh optimiser (LIFT does not load
-    it)."""
+    """The pretrained SACAgent with LIFT's finetune coefficients, in fp32: weights, targets, normalizer and
+    (optionally) Adam states from ``agent.pt``; unless ``load_alpha``, a fresh temperature at ``init_log_alpha`` with
+    a fresh optimiser (LIFT does not load it)."""
     state = torch.load(agent_path, weights_only=True, map_location=device)
     ft = exp.finetune_sac()
-    cfg = SACConfig(**{**state["config"], **ft, "utd": exp.updates_per_rollout})
+    cfg = SACConfig(**{**state["config"], **ft, "utd": exp.updates_per_rollout, "bf16": False})
     arch = state["arch"]
     agent = SACAgent(arch["obs_dim"], arch["act_dim"], cfg, critic_obs_dim=arch["critic_obs_dim"], device=device)
     if not exp.load_optimizer_state:
@@ -90,37 +97,52 @@ class FinetuneLearner:
         ddp.quiet_logs()
         self.exp = exp = Config(**config["experiment"])
         method, task, seed = config["method"], config["task"], config["seed"]
-        self.method, self.task, self.seed = method, task, seed
+        self.method, self.task, self.seed, self.spec = method, task, seed, METHOD_SPECS[method]
         self.rank, self.world = ddp.rank(), ddp.world_size()
         self.run_path = run_path = Path(config["run_path"])
         self.device = device = learner_device(exp.device)
         torch.manual_seed(seed)
         self.agent, self.sac_cfg = build_agent(Path(config["agent_path"]), exp, device)
-        self.obs_fn, self.reward_fn, self.action_scale = rollout_functions(task)
-        self.uses_model = method != "sac_finetune"
-        self.deterministic = method != "sac_finetune"  # LIFT's deterministic_in_env; the baseline explores for real
-        fields = transition_fields(self.agent.obs_dim, self.agent.act_dim)
-        self.real_buffer = ReplayBuffer(exp.env_buffer_capacity, fields, device=device)
-        self.model_buffer = ReplayBuffer(exp.model_buffer_capacity, fields, device=device) if self.uses_model else None
+        change = config["change"]
+        obs_fn, reward_fn, action_scale = rollout_functions(task, change)
+        self.branching = Branching(obs_fn, reward_fn, action_scale,
+                                   member="random" if self.spec.model == "blackbox" else "mean",
+                                   obs_noise=exp.obs_noise)
+        self.commanded = has_command(task, change)
+        probe = make_env(task, change)
+        self.safety = JointSafety.from_env(probe)
+        probe.close()
+        self.deterministic = self.spec.deterministic_real  # LIFT's deterministic_in_env; the baselines explore
+        self.fields = transition_fields(self.agent.obs_dim, self.agent.act_dim)
+        self.real_buffer = ReplayBuffer(exp.env_buffer_capacity, self.fields, device=device)
+        # model rollouts of the current epoch (LIFT flushes it per epoch: sized then) or, unflushed, a FIFO of the cap
+        self.model_buffer: ReplayBuffer | None = None
         self.real_data: list[dict[str, np.ndarray]] = []  # the model's view of every real transition (ctrl as action)
         self.gen = torch.Generator(device=device).manual_seed(seed * 7 + self.rank)
-        self.counters = {"epoch": 0, "real_env_steps": 0, "falls_total": 0, "wall_s": 0.0}
-        self.model, self.wm_metrics = self.pretrain_model(run_path, [Path(p) for p in config["replay"]])
+        self.counters = {"epoch": 0, "real_env_steps": 0, "falls_total": 0, "wall_s": 0.0,
+                         **{f"max_{k}": 0.0 for k in SAFETY_KEYS}}
+        self.model, self.wm_metrics = self.pretrain_model(Path(config["pretrain_run"]),
+                                                          [Path(p) for p in config["replay"]])
+        # the stage-2 model, frozen: its error on each epoch's fresh real data says how far the change is from it
+        self.stage2_model = copy.deepcopy(self.model) if self.model is not None else None
+        self.units = self.model.state_std.clone() if self.model is not None else None  # fixed error units
         self.metrics = MetricsLogger(run_path, flush_every=1) if self.rank == 0 else None
         self.journal = Journal(run_path, [], metrics=self.metrics)
         self.resume()
         self.agent.wrap(ddp.wrap_ddp)
 
-        self.pool = attach_pool(config["pool"])
+        self.pool = attach_pool(config["pool"], scope=config["run_id"])
         self.policy_key = f"{config['run_id']}/{method}/policy"
-        # the real env's interface: a model-based method's sampler refuses stochastic actions
+        # the real env's interface: a deterministic method's sampler refuses anything else
         self.env_config = {"task": task, "num_envs": exp.num_real_envs, "seed": seed * 1000 + self.rank,
-                           "change": config["change"], "physics_state": True,
-                           "deterministic_only": self.deterministic, "shard": self.rank,
-                           "run": f"{config['run_id']}/{method}"}
+                           "change": change, "physics_state": True, "deterministic_only": self.deterministic,
+                           "shard": self.rank, "run": f"{config['run_id']}/{method}"}
         self.first_request = self.counters["real_env_steps"] == 0
-        self.stats = {"falls": 0, "episodes": 0, "action_rate": [], "stochastic_requests": 0}
+        self.stats: dict[str, Any] = {"stochastic_requests": 0}
         self.zero_shot_return = config["zero_shot_return"]
+        # 80 % of the return the change took away (the recovery line of the summary)
+        self.recovery_return = self.zero_shot_return + 0.8 * (config["pre_change_return"] - self.zero_shot_return)
+        self.recovered = False
         self.progress = Progress(f"lift_finetune {method}", exp.epochs, "epochs") if self.rank == 0 else None
         self.method_id = float(METHODS.index(method))
         self.horizon = LinearSchedule.from_list(exp.horizon_schedule, "horizon_schedule")
@@ -130,18 +152,20 @@ class FinetuneLearner:
     def epoch(self) -> int:
         return self.counters["epoch"]
 
-    def pretrain_model(self, run_path: Path, replay: list[Path]) -> tuple[Any, dict[str, Any]]:
-        """Stage 2 (model-based methods): the world model fitted on the pretraining replay, once per run and kind."""
-        if not self.uses_model:
+    def pretrain_model(self, pretrain_run: Path, replay: list[Path]) -> tuple[Any, dict[str, Any]]:
+        """Stage 2 (model-based methods): rank 0 fits the model on the pretraining replay (or loads the fit cached in
+        the pretraining run); the other ranks load what it saved."""
+        kind = self.spec.model
+        if kind is None:
             return None, {}
-        (run_path / "wm").mkdir(parents=True, exist_ok=True)
-        cache = run_path / "wm" / f"{self.method}.pt"
-        model, metrics = pretrain_world_model(self.method, self.task, self.exp, replay, cache, self.seed)
-        model = model.to(self.device)
-        if self.rank == 0 and not cache.exists():
-            torch.save({"model": model.state_dict(), "metrics": metrics}, cache)
-        log.info("%s stage 2: world model pretrained: %s", self.method, metrics)
-        return model, metrics
+        cache = stage2_cache_path(pretrain_run, kind, self.task, self.exp)
+        if self.rank == 0:
+            model, metrics = pretrain_world_model(kind, self.task, self.exp, replay, cache)
+        ddp.barrier()
+        if self.rank > 0:
+            model, metrics = pretrain_world_model(kind, self.task, self.exp, replay, cache)
+        log.info("%s stage 2 (%s, %s): %s", self.method, kind, cache.name, metrics)
+        return model.to(self.device), metrics
 
     def resume(self) -> None:
         with ddp.latest_checkpoint() as ckpt:
@@ -179,17 +203,21 @@ class FinetuneLearner:
                                  "updates": self.agent.num_updates,
                                  **{f"wm_pretrain_{k}": v for k, v in self.wm_metrics.items()
                                     if isinstance(v, (int, float))}})
+        self.begin_epoch()  # the prefill's falls and excursions count towards the first epoch
         if self.exp.prefill_steps:
             self.collect_real(self.exp.prefill_steps // self.world)
 
     def begin_epoch(self) -> None:
-        self.stats.update(falls=0, episodes=0, action_rate=[])
+        if getattr(self, "row", None) is not None and self.row.get("epoch") == self.epoch:
+            return  # the prefill already opened this epoch
+        self.stats.update(falls=0, episodes=0, action_rate=[], **{k: 0.0 for k in SAFETY_KEYS})
         self.row: dict[str, Any] = {"method_id": self.method_id, "epoch": self.epoch}
         self.updates_before = self.agent.num_updates
         self.train_metrics: dict[str, float] = {}
 
-    def collect_real(self, transitions: int) -> int:
-        """Real steps through the pool (this rank's shard, always the same pool worker) into the real buffers."""
+    def collect_real(self, transitions: int, heldout: bool = False) -> int:
+        """Real steps through the pool (this rank's shard, always the same pool worker) into the real buffers.
+        ``heldout``: first score the world models on these transitions, which they have not been trained on."""
         exp, n = self.exp, self.exp.num_real_envs
         steps = max(1, math.ceil(transitions / n))
         request = {"steps": steps, "deterministic": self.deterministic}
@@ -202,72 +230,94 @@ class FinetuneLearner:
         if exp.update_normalizer:
             sync_normalizer(self.agent.obs_normalizer, batch["obs"])
         self.real_buffer.add({k: batch[k] for k in self.real_buffer.specs})
-        self.real_data.append(world_model_columns(batch))
+        columns = world_model_columns(batch)
+        if self.commanded:
+            columns["command"] = batch["obs"][:, -1].astype(np.float64)
+        if heldout and self.model is not None:
+            self.score_heldout(columns)
+        self.real_data.append(columns)
         done = np.maximum(batch["terminated"], batch["truncated"]).reshape(steps, n)
         self.stats["action_rate"].append(action_rate(batch["action"].reshape(steps, n, -1), done))
         self.stats["falls"] += int(result["terminations"])
         self.stats["episodes"] += len(result["episode_returns"])
         self.stats["stochastic_requests"] = int(result["actions_sent"]["stochastic"])
+        for key, value in self.safety.measure(batch["next_qpos"], batch["next_qvel"]).items():
+            self.stats[key] = float(np.nanmax([self.stats[key], value]))
         self.counters["real_env_steps"] += len(batch["reward"]) * self.world
-        self.counters["falls_total"] += int(result["terminations"])
         return len(batch["reward"])
+
+    def score_heldout(self, columns: dict[str, np.ndarray]) -> None:
+        """The current and the frozen stage-2 model's open-loop error on real transitions neither was trained on, in
+        the stage-2 state units (comparable across epochs, refits and methods)."""
+        h = HELDOUT_HORIZON
+        for name, model in (("wm_heldout", self.model), ("wm_stage2_heldout", self.stage2_model)):
+            errors = heldout_errors(model, columns, h, seed=self.seed, state_std=self.units)
+            self.row.update({f"{name}_error_1step": float(errors[0]), f"{name}_error_{h}step": float(errors[-1])})
 
     def real_columns(self, keys: tuple[str, ...] | None = None) -> dict[str, np.ndarray]:
         return {k: np.concatenate([d[k] for d in self.real_data]) for k in (keys or self.real_data[0])}
 
     def retrain_model(self) -> None:
-        """Fit the world model (warm start, early stopping) on every real transition of the changed env so far."""
+        """Fit the world model (warm start, early stopping, scalers refit keeping its predictions) on every real
+        transition of the changed env so far."""
         if not self.real_data:  # no prefill: nothing from the changed env yet
             return
         exp = self.exp
         cfg = world_model_config(exp, pretrain=False, seed=self.seed * 1000 + self.epoch,
                                  ensemble=self.model.cfg.ensemble_size)
-        try:  # keeping the stage-2 scalers unless asked: a refit would rest on ~1e3 rows
+        try:
             out = train_world_model(self.model, self.real_columns(), cfg, early_stopping(exp),
-                                    refit_normalizers=exp.wm_refit_scalers)
-        except ValueError as err:  # too few whole real episodes for a hold-out yet: keep the current model
-            log.warning("world model retraining skipped: %s", err)
+                                    scalers=exp.wm_scalers, state_std=self.units)
+        except ValueError as err:  # raised before any change to the model: it stays as it was
+            log.warning("world model retraining skipped, the model is unchanged: %s", err)
             return
         self.row.update(wm_error_1step=out["error_1step"], wm_error_10step=out.get(f"error_{cfg.eval_horizon}step"),
                         wm_steps=out["steps"], wm_train_s=out["train_seconds"])
 
     def branch_and_update(self) -> None:
-        """HUPT(e) times: model rollouts of H(e) steps from real states with the stochastic policy into the model
-        buffer, then ``updates_per_rollout`` SAC steps on mixed real/model batches."""
-        exp, model = self.exp, self.model
-        data = self.real_columns(("qpos", "qvel"))
-        states = torch.as_tensor(np.concatenate([data["qpos"], data["qvel"]], -1), device=self.device)
-        states = states.to(model.delta_std.dtype)
+        """HUPT(e) branches of H(e)-step model rollouts from real states into the epoch's model buffer, each followed
+        by ``updates_per_rollout`` SAC steps on mixed real/model batches (``algos.lift.finetune.branch_and_update``)."""
+        exp = self.exp
+        data = self.real_columns(("qpos", "qvel", "command") if self.commanded else ("qpos", "qvel"))
+        dtype = self.model.delta_std.dtype
+        states = torch.as_tensor(np.concatenate([data["qpos"], data["qvel"]], -1), device=self.device).to(dtype)
+        commands = torch.as_tensor(data["command"], device=self.device).to(dtype) if self.commanded else None
+        h, n_branches = self.horizon(self.epoch), self.hupt(self.epoch)
+        if exp.model_buffer_flush or self.model_buffer is None:  # LIFT: one epoch of rollouts, min(HUPT·400·H, 400k)
+            capacity = exp.model_buffer_capacity
+            if exp.model_buffer_flush:
+                capacity = min(n_branches * exp.rollout_batch * h, capacity)
+            self.model_buffer = ReplayBuffer(capacity, self.fields, device=self.device)
         policy = lambda obs: self.agent.act(obs, False, self.gen)  # noqa: E731
-        h, k_rollouts = self.horizon(self.epoch), self.hupt(self.epoch)
-        model_transitions, rollout_metrics = 0, {}
-        for _ in range(k_rollouts):
-            start, _ = sample_start_states(states, exp.rollout_batch, self.gen)
-            batch, rollout_metrics = branch_rollouts(model, start, policy, self.obs_fn, self.reward_fn,
-                                                     self.action_scale, h,
-                                                     member="random" if self.method == "mbpo_wm" else "mean")
-            if len(batch["reward"]):
-                self.model_buffer.add(batch)
-            model_transitions += len(batch["reward"])
-            if len(self.model_buffer) == 0:
-                continue
-            sample = mixed_sampler(lambda n: self.real_buffer.sample(n, self.gen),
-                                   lambda n: self.model_buffer.sample(n, self.gen), exp.real_ratio, self.gen)
-            self.train_metrics = update(self.agent, sample, self.sac_cfg)
-        self.row.update(horizon=h, hupt=k_rollouts, model_transitions=model_transitions,
-                        model_pred_std=rollout_metrics.get("model_pred_std", float("nan")))
+        out = branch_and_update(
+            self.model, self.branching, states, commands, policy, n_branches=n_branches, horizon=h,
+            rollout_batch=exp.rollout_batch, model_buffer=self.model_buffer,
+            real_sample=lambda n: self.real_buffer.sample(n, self.gen),
+            update=lambda sampler: update(self.agent, sampler, self.sac_cfg), real_ratio=exp.real_ratio,
+            generator=self.gen)
+        self.train_metrics = {k: v for k, v in out.items() if not k.startswith("model_")}
+        self.row.update(horizon=h, hupt=n_branches, model_buffer=len(self.model_buffer),
+                        **{k: v for k, v in out.items() if k.startswith("model_")})
+
+    def baseline_calls(self) -> int:
+        """``update`` calls (each ``updates_per_rollout`` SAC steps) of a model-free method in this epoch: UTD
+        ``baseline_updates_per_step``, or exactly LIFT's number in the same epoch (HUPT(e))."""
+        if self.spec.updates == "matched":
+            return self.hupt(self.epoch)
+        return max(1, round(self.exp.real_steps_per_epoch * self.exp.baseline_updates_per_step / self.sac_cfg.utd))
 
     def update_on_real_data(self) -> None:
-        """sac_finetune: chunks of real steps with the stochastic policy, each followed by a burst of SAC steps
-        (``baseline_updates_per_step`` per real transition) and a publish."""
-        exp, world = self.exp, self.world
-        collected, per_chunk = 0, max(1, exp.baseline_chunk_steps // world)
-        while collected < exp.real_steps_per_epoch // world:
-            n = self.collect_real(min(per_chunk, exp.real_steps_per_epoch // world - collected))
-            collected += n
-            n_updates = max(1, int(round(n * world * exp.baseline_updates_per_step / self.sac_cfg.utd)))
-            for _ in range(n_updates):
+        """Model-free methods: chunks of real steps with the stochastic policy, each followed by its share of the
+        epoch's SAC steps and a publish (the same count on every rank)."""
+        exp = self.exp
+        goal, per_chunk = exp.real_steps_per_epoch // self.world, max(1, exp.baseline_chunk_steps // self.world)
+        total, collected, done = self.baseline_calls(), 0, 0
+        while collected < goal:
+            collected += self.collect_real(min(per_chunk, goal - collected))
+            due = math.floor(total * min(collected / goal, 1.0) + 1e-9)
+            for _ in range(due - done):
                 self.train_metrics = update(self.agent, lambda m: self.real_buffer.sample(m, self.gen), self.sac_cfg)
+            done = due
             self.publish()
 
     def evaluate(self) -> None:
@@ -276,28 +326,42 @@ class FinetuneLearner:
         env_config = {**self.env_config, "num_envs": exp.eval_episodes, "shard": -1, "physics_state": False}
         self.eval_return = evaluate_on_rank0(self.pool, self.policy_key, env_config, exp.eval_episodes, self.seed,
                                              affinity=[0])
+        # the same value on every rank (broadcast), so every rank stops at the same epoch
+        self.recovered = exp.stop_at_recovery and self.eval_return >= self.recovery_return
 
     def end_epoch(self) -> None:
-        """The epoch's metrics row and the checkpoint."""
+        """The epoch's metrics row (falls summed, excursions the worst over ranks) and this rank's checkpoint."""
         c = self.counters
         c["epoch"] += 1
         c["wall_s"] = time.perf_counter() - self.started
+        falls = torch.tensor([float(self.stats["falls"])], dtype=torch.float64)
+        ddp.all_reduce_mean_([falls])
+        falls_epoch = int(round(float(falls.item()) * self.world))
+        c["falls_total"] += falls_epoch
+        worst = {k: gather_max(self.stats[k]) for k in SAFETY_KEYS}
+        for k, v in worst.items():
+            if np.isfinite(v):
+                c[f"max_{k}"] = max(c[f"max_{k}"], v)
         rates = [r for r in self.stats["action_rate"] if np.isfinite(r)]
         row = self.row
-        row.update(real_env_steps=c["real_env_steps"], eval_return=self.eval_return, falls=self.stats["falls"],
+        if c["epoch"] == self.exp.epochs or self.recovered:  # DDP keeps the ranks' policies identical (a collective: every rank calls)
+            row["param_max_abs_diff"] = param_divergence(self.agent)
+        row.update(real_env_steps=c["real_env_steps"], eval_return=self.eval_return, falls=falls_epoch,
                    falls_total=c["falls_total"], episodes=self.stats["episodes"],
                    action_rate=float(np.mean(rates)) if rates else float("nan"),
                    stochastic_requests=self.stats["stochastic_requests"], updates=self.agent.num_updates,
-                   updates_epoch=self.agent.num_updates - self.updates_before, wall_s=c["wall_s"], **self.train_metrics)
+                   updates_epoch=self.agent.num_updates - self.updates_before, wall_s=c["wall_s"],
+                   **worst, **{f"max_{k}_total": c[f"max_{k}"] for k in SAFETY_KEYS}, **self.train_metrics)
         if self.metrics is not None:
             self.metrics.log(c["real_env_steps"], row)
-            self.progress.update(c["epoch"], eval_return=self.eval_return, falls=self.stats["falls"])
+            self.progress.update(c["epoch"], eval_return=self.eval_return, falls=falls_epoch)
         real_data = ({k: torch.as_tensor(v) for k, v in self.real_columns().items()} if self.real_data else {})
         state = {"agent": self.agent.state_dict(), "real_buffer": self.real_buffer.state_dict(),
                  "real_data": real_data, "counters": c, "gen": self.gen.get_state(),
                  "model": self.model.state_dict() if self.model is not None else None, "journal": self.journal.parts()}
         with ddp.checkpoint_dir() as d:
             save_checkpoint(d, state, self.agent, row)
+        self.row = None
 
     def close(self) -> None:
         if self.metrics is not None:

@@ -2,7 +2,7 @@
 
 Every rank drives its own env shard through the pool and keeps its own replay; the policy stays identical on all
 ranks because SAC gradients are averaged (DDP) and the observation normalizer merges every rank's batch. Rank 0
-publishes the policy, evaluates it, logs the metrics and collects every rank's checkpoint file. A checkpoint is a
+publishes the policy, evaluates it and logs the metrics; every rank reports its own checkpoint file. A checkpoint is a
 plain dict per rank (``torch.load(..., weights_only=True)`` reads it) with the rank's ``Journal`` parts, so a
 resumed learner drops the Parquet rows and metric rows written after it.
 """
@@ -16,7 +16,6 @@ import numpy as np
 import torch
 
 from algos.lift.agent import SACAgent
-from algos.nets import unwrap
 from algos.normalizer import RunningNormalizer
 from cluster import ddp
 from experiments.lift.driver_common import evaluate_policy
@@ -27,10 +26,10 @@ def learner_device(setting: str) -> torch.device:
     return ddp.device() if setting == "auto" else torch.device(setting)
 
 
-def env_dims(task: str) -> tuple[int, int]:
-    """(observation size, action size) of the task's env."""
+def env_dims(task: str, change: dict | None = None) -> tuple[int, int]:
+    """(observation size, action size) of the task's env (with ``change``: a velocity command adds an input)."""
     from envs.control.tasks import make_env
-    probe = make_env(task)
+    probe = make_env(task, change)
     dims = probe.observation_space.shape[0], probe.action_space.shape[0]
     probe.close()
     return dims
@@ -38,7 +37,7 @@ def env_dims(task: str) -> tuple[int, int]:
 
 def sync_normalizer(normalizer: RunningNormalizer, obs: np.ndarray) -> None:
     """Merge a batch into the normalizer with the statistics of every rank's batch (identical on all ranks)."""
-    x = torch.as_tensor(obs, dtype=torch.float64).reshape(-1, *normalizer.shape)
+    x = torch.tensor(np.asarray(obs), dtype=torch.float64).reshape(-1, *normalizer.shape)  # a copy: Ray's arrays are read-only
     moments = torch.stack([torch.full_like(x[0], float(len(x))), x.sum(0), x.square().sum(0)])
     ddp.all_reduce_mean_([moments])
     moments *= ddp.world_size()
@@ -74,27 +73,28 @@ def load_checkpoint(ckpt: Path | None) -> dict[str, Any] | None:
 
 
 def save_checkpoint(d: Path, state: dict[str, Any], agent: SACAgent, metrics: dict[str, Any]) -> None:
-    """Write this rank's ``state`` (and, on rank 0, the policy) into ``d``, gather every rank's file into rank 0's
-    directory and report ``metrics`` with it as a Ray Train checkpoint."""
+    """Write this rank's ``state`` (and, on rank 0, the policy) into ``d`` and report ``metrics`` with it: every rank
+    reports its own directory (``ddp.report``), Ray Train merges them into one checkpoint, and each rank resumes from
+    its own ``rank<r>.pt`` (``load_checkpoint``); no rank's replay travels through another."""
     rank = ddp.rank()
     torch.save(state, d / f"rank{rank}.pt")
     if rank == 0:
         torch.save(agent.policy_state(), d / "policy.pt")
-    _gather_rank_files(d, rank)
     ddp.report(reportable(metrics), checkpoint_dir=d)
 
 
-def _gather_rank_files(d: Path, rank: int) -> None:
-    """Only rank 0's directory becomes the checkpoint: ranks > 0 send their files through torch.distributed."""
-    if ddp.world_size() == 1:
-        return
-    import torch.distributed as dist
-    payload = (d / f"rank{rank}.pt").read_bytes()
-    gathered: list[Any] = [None] * ddp.world_size()
-    dist.all_gather_object(gathered, payload)
-    if rank == 0:
-        for r, data in enumerate(gathered):
-            (d / f"rank{r}.pt").write_bytes(data)
+def gather_max(value: float) -> float:
+    """The largest finite ``value`` over the ranks (NaN if none is finite), with the mean all-reduce: every rank
+    writes its value into its own slot of a zero vector."""
+    world = ddp.world_size()
+    if world == 1:
+        return float(value)
+    ok = bool(np.isfinite(value))
+    slots, finite = torch.zeros(world, dtype=torch.float64), torch.zeros(world, dtype=torch.float64)
+    slots[ddp.rank()], finite[ddp.rank()] = (float(value), 1.0) if ok else (0.0, 0.0)
+    ddp.all_reduce_mean_([slots, finite])
+    slots, finite = slots * world, finite * world
+    return float(slots[finite > 0.5].max()) if bool((finite > 0.5).any()) else float("nan")
 
 
 def reportable(row: dict[str, Any]) -> dict[str, float]:
@@ -104,10 +104,4 @@ def reportable(row: dict[str, Any]) -> dict[str, float]:
 
 def param_divergence(agent: SACAgent) -> float:
     """Largest parameter difference between this rank and rank 0 (0 when DDP keeps them identical)."""
-    flat = torch.cat([p.detach().flatten().double() for m in (agent.actor, agent.critic)
-                      for p in unwrap(m).parameters()])
-    ref = flat.clone()
-    ddp.broadcast_([ref], src=0)
-    diff = (flat - ref).abs().max().reshape(1)
-    ddp.all_reduce_mean_([diff])  # mean of non-negative diffs is 0 iff all are 0
-    return float(diff.item()) * ddp.world_size()
+    return ddp.replica_divergence(agent.actor, agent.critic)

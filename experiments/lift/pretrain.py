@@ -26,7 +26,7 @@ def run(cfg: dict, ctx) -> dict[str, Any]:
 
     task = task_of(cfg)
     ctx.pool  # create the pool (named) before the learner attaches to it
-    result = fit(train_fn, loop_config(cfg, ctx, task, change=None), name="learner",
+    result = fit(train_fn, loop_config(cfg, ctx, task, change=ctx.typed["experiment"].change), name="learner",
                  storage_path=ctx.run_dir.checkpoints, train=ctx.typed["train"])
     df = read_metrics(ctx.run_dir.path)
     plot = plot_learning_curve(df, ctx.run_dir.path / "plots" / "learning_curve.png",

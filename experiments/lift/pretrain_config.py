@@ -21,6 +21,9 @@ class Config:
     parquet_chunk: int = 4_096  # transitions per Parquet part
     physics_state: bool = True  # record qpos/qvel/ctrl for the world model (MuJoCo tasks)
     stop_return: float | None = None  # stop early once the evaluation return reaches this
+    # envs.control.changes spec of the pretraining env itself, e.g. a velocity command for LIFT's OOD-command
+    # finetuning: {name: target_velocity, command_range: [0, 1.5]} (stage 3 then asks for a command outside it)
+    change: dict | None = None
     device: str = "auto"
 
     def __post_init__(self) -> None:
@@ -45,8 +48,16 @@ def task_of(raw: dict) -> str:
 
 
 def check(exp: Config, raw: dict) -> None:
+    from envs.control.changes import parse_changes
+    from experiments.config import ConfigError
     sac = exp.sac_config()  # validates experiment.sac against SACConfig, naming the key
     if sac.num_envs % exp.num_shards:
-        from experiments.config import ConfigError
         raise ConfigError(f"experiment.num_shards: {exp.num_shards} must divide sac.num_envs={sac.num_envs}")
-    task_of(raw)
+    task = task_of(raw)
+    if exp.change:
+        from envs.control.tasks import make_env
+        try:
+            parse_changes(exp.change)
+            make_env(task, exp.change).close()  # a change that does not apply to the task fails here, not in a worker
+        except (ValueError, TypeError) as err:
+            raise ConfigError(f"experiment.change: {err}") from None

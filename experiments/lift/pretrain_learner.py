@@ -62,7 +62,7 @@ class PretrainLearner:
         self.seed = seed = config["seed"]
         run_path = Path(config["run_path"])
         device = learner_device(exp.device)
-        obs_dim, act_dim = env_dims(config["task"])
+        obs_dim, act_dim = env_dims(config["task"], config.get("change"))
         torch.manual_seed(seed)  # same initial weights and target critic on every rank
         self.agent = SACAgent(obs_dim, act_dim, sac, device=device)
         self.buffer = ReplayBuffer(sac.replay_capacity, transition_fields(obs_dim, act_dim), device=device)
@@ -76,7 +76,7 @@ class PretrainLearner:
         self.resume()
         self.agent.wrap(ddp.wrap_ddp)
 
-        self.pool = attach_pool(config["pool"])
+        self.pool = attach_pool(config["pool"], scope=config["run_id"])
         self.policy_key = f"{config['run_id']}/policy"
         self.shards = [self.rank * exp.num_shards + s for s in range(exp.num_shards)]
         self.env_configs = [self.shard_config(config, g) for g in self.shards]

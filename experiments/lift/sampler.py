@@ -61,9 +61,12 @@ class EnvSampler:
         if "reset_seed" in request or self.rollout is None:
             self._build(int(request.get("reset_seed", self.config.get("seed", 0))))
         deterministic = bool(request.get("deterministic", False))
-        if self.config.get("deterministic_only") and not deterministic:
-            raise PermissionError("this environment only accepts deterministic actions (deterministic_only=true)")
-        if request.get("policy", "learned" if self.policy_fn else "random") == "random":
+        use_random = request.get("policy", "learned" if self.policy_fn else "random") == "random"
+        if self.config.get("deterministic_only") and (use_random or not deterministic):
+            # uniform random actions are exploration too, whatever the request's "deterministic" says
+            raise PermissionError("this environment only accepts the deterministic policy (deterministic_only=true), "
+                                  f"got {'a random policy' if use_random else 'stochastic actions'}")
+        if use_random:
             policy = random_policy(self.rollout.single_action_space, int(request.get("reset_seed", 0)) + 7919)
             version = 0
         else:

@@ -6,7 +6,10 @@ The world model's action is the simulator's control (``ctrl``), not the policy's
 """
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
+import os
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -15,8 +18,9 @@ import numpy as np
 import torch
 
 from algos.lift.finetune import ActionScale
-from algos.lift.world_model import BlackBoxEnsemble, PhysicsWorldModel, WorldModel, WorldModelConfig
+from algos.lift.world_model import BlackBoxEnsemble, NoPrior, PhysicsWorldModel, WorldModel, WorldModelConfig
 from algos.lift.world_model_training import EarlyStopping, train_world_model
+from envs.control.changes import TargetVelocity
 from envs.control.mujoco_prior import MujocoPrior
 from envs.control.task_rewards import make_observation_fn, make_task_reward
 from envs.control.tasks import make_env
@@ -43,16 +47,28 @@ def early_stopping(exp: Any) -> EarlyStopping:
     return EarlyStopping(exp.wm_patience, exp.wm_min_improvement)
 
 
+MODEL_KINDS = ("physics", "prior_only", "residual_only", "blackbox")
+
+
 def make_world_model(kind: str, task: str, exp: Any, seed: int) -> WorldModel:
-    """The physics-informed model (``lift``) or the black-box ensemble (``mbpo_wm``) over the task's nominal model."""
+    """The world model of a finetuning method (``finetune_config.METHOD_SPECS``) over the task's nominal model:
+    ``physics`` (LIFT: MuJoCo prior + residual), its ablations ``prior_only`` (no residual) and ``residual_only`` (no
+    prior), or ``blackbox`` (MBPO's ensemble). ``seed`` sets the network's initial weights."""
+    if kind not in MODEL_KINDS:
+        raise ValueError(f"unknown world-model kind {kind!r}; choose from {MODEL_KINDS}")
     env = make_env(task)
     prior = MujocoPrior.from_env(env)
     act_dim = env.action_space.shape[0]
     env.close()
-    if kind == "lift":
-        return PhysicsWorldModel(prior, act_dim, world_model_config(exp, pretrain=True, seed=seed))
-    cfg = world_model_config(exp, pretrain=True, seed=seed, ensemble=exp.blackbox_ensemble_size)
-    return BlackBoxEnsemble.like(prior, act_dim, cfg)
+    with torch.random.fork_rng(devices=[]):  # the caller's RNG stream (SAC noise) is not shifted by the init
+        torch.manual_seed(seed)
+        if kind == "blackbox":
+            cfg = world_model_config(exp, pretrain=True, seed=seed, ensemble=exp.blackbox_ensemble_size)
+            return BlackBoxEnsemble.like(prior, act_dim, cfg)
+        cfg = world_model_config(exp, pretrain=True, seed=seed)
+        if kind == "residual_only":
+            return PhysicsWorldModel(NoPrior(prior), act_dim, cfg)
+        return PhysicsWorldModel(prior, act_dim, cfg, residual=kind != "prior_only")
 
 
 def load_pretrain_replay(replay_dirs: list[Path], max_rows: int) -> dict[str, np.ndarray]:
@@ -69,10 +85,22 @@ def load_pretrain_replay(replay_dirs: list[Path], max_rows: int) -> dict[str, np
     return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
 
 
-def pretrain_world_model(kind: str, task: str, exp: Any, replay_dirs: list[Path], cache: Path,
-                         seed: int) -> tuple[WorldModel, dict[str, Any]]:
-    """Stage 2: fit the model on the pretraining replay (early stopping); ``cache`` holds a fit already made."""
-    model = make_world_model(kind, task, exp, seed)
+def stage2_cache_path(pretrain_run: Path, kind: str, task: str, exp: Any) -> Path:
+    """Where the stage-2 fit of ``kind`` lives in the pretraining run: one file per model kind and every setting
+    that shapes the fit (so a changed setting fits anew instead of loading a stale model)."""
+    key = {"kind": kind, "task": task, "hidden": list(exp.wm_hidden), "prior_mode": exp.wm_prior_mode,
+           "steps": exp.wm_pretrain_steps, "rows": exp.wm_pretrain_rows, "seed": exp.wm_pretrain_seed,
+           "eval_every": exp.wm_eval_every, "patience": exp.wm_patience, "min_improvement": exp.wm_min_improvement,
+           "ensemble": exp.blackbox_ensemble_size if kind == "blackbox" else 1}
+    digest = hashlib.sha1(json.dumps(key, sort_keys=True).encode()).hexdigest()[:10]
+    return Path(pretrain_run) / "wm" / f"{kind}-{digest}.pt"
+
+
+def pretrain_world_model(kind: str, task: str, exp: Any, replay_dirs: list[Path],
+                         cache: Path) -> tuple[WorldModel, dict[str, Any]]:
+    """Stage 2: fit the model on the pretraining replay (early stopping) with ``exp.wm_pretrain_seed``, or load the fit
+    ``cache`` already holds. A new fit is written atomically (another rank or run may be reading)."""
+    model = make_world_model(kind, task, exp, exp.wm_pretrain_seed)
     if cache.exists():
         saved = torch.load(cache, weights_only=True)
         model.load_state_dict(saved["model"])
@@ -80,16 +108,40 @@ def pretrain_world_model(kind: str, task: str, exp: Any, replay_dirs: list[Path]
     data = load_pretrain_replay(replay_dirs, exp.wm_pretrain_rows)
     metrics = train_world_model(model, data, early_stopping=early_stopping(exp))
     metrics = {k: v for k, v in metrics.items() if not isinstance(v, list)}
+    cache.parent.mkdir(parents=True, exist_ok=True)
+    partial = cache.with_suffix(f".{os.getpid()}.tmp")
+    torch.save({"model": model.state_dict(), "metrics": metrics}, partial)
+    partial.replace(cache)
     return model, metrics
 
 
-def rollout_functions(task: str) -> tuple[Callable[..., torch.Tensor], Callable[..., Any], ActionScale]:
-    """What model rollouts score predicted states with: the task's observation and reward/termination functions,
-    and the map from policy actions to the env's own control range (the one ``RescaleAction`` wraps)."""
-    probe = make_env(task)
-    obs_fn, reward_fn = make_observation_fn(probe), make_task_reward(probe)
+def rollout_functions(task: str, change: dict | None = None) -> tuple[Callable[..., torch.Tensor], Any, ActionScale]:
+    """What model rollouts score predicted states with: the observation and reward/termination functions of the
+    finetuning env (with a velocity command: the tracking reward of its ``TargetVelocity``, which also scores the
+    real env), and the map from policy actions to the env's own control range (the one ``RescaleAction`` wraps)."""
+    probe = make_env(task, change)
+    command_wrapper = find_wrapper(probe, TargetVelocity)
+    obs_fn = make_observation_fn(probe)
+    reward_fn = command_wrapper.task_reward if command_wrapper is not None else make_task_reward(probe)
     base_space = probe.unwrapped.action_space
     scale = ActionScale(torch.as_tensor(base_space.low, dtype=torch.float64),
                         torch.as_tensor(base_space.high, dtype=torch.float64))
     probe.close()
     return obs_fn, reward_fn, scale
+
+
+def has_command(task: str, change: dict | None) -> bool:
+    """Whether the env's observation ends with a velocity command (``TargetVelocity``)."""
+    probe = make_env(task, change)
+    found = find_wrapper(probe, TargetVelocity) is not None
+    probe.close()
+    return found
+
+
+def find_wrapper(env: Any, kind: type) -> Any:
+    """The first wrapper of type ``kind`` in ``env``'s chain, or None."""
+    while env is not None:
+        if isinstance(env, kind):
+            return env
+        env = getattr(env, "env", None)
+    return None

@@ -2,4 +2,5 @@
 
 EXPERIMENTS = {"vidd_molecule": "experiments.vidd.driver", "vidd_dna": "experiments.vidd.driver",
                "vidd_protein": "experiments.vidd.driver"}
-SAMPLERS = {"diffusion": "experiments.vidd.sampler:DiffusionSampler"}
+# the diffusion sampler holds denoisers: it runs in the pool's "gpu" worker group where the pool defines one
+SAMPLERS = {"diffusion": ("experiments.vidd.sampler:DiffusionSampler", "gpu")}

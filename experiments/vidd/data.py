@@ -54,7 +54,7 @@ def pretrain_model(exp: Config, data: TaskData, seed: int, out: Path) -> dict:
     from algos.vidd.mdlm import DenoiserConfig, MaskedDenoiser, PretrainConfig, nelbo, pretrain
     torch.manual_seed(seed)
     dcfg = DenoiserConfig(vocab_size=data.vocab.size, seq_len=exp.seq_len, d_model=exp.d_model,
-                          n_layers=exp.n_layers, n_heads=exp.n_heads, use_bf16=exp.use_bf16)
+                          n_layers=exp.n_layers, n_heads=exp.n_heads, bf16=exp.bf16)
     model = MaskedDenoiser(dcfg)
     gen = torch.Generator().manual_seed(seed)
     heldout_before = float(nelbo(model, data.heldout, n_time_samples=2, generator=gen).mean())
@@ -83,7 +83,7 @@ def load_bundle(path: str | Path) -> dict:
 def build_model(bundle: dict):
     """The bundle's denoiser, in eval mode."""
     from algos.vidd.mdlm import DenoiserConfig, MaskedDenoiser
-    model = MaskedDenoiser(DenoiserConfig(**bundle["denoiser"]))
+    model = MaskedDenoiser(DenoiserConfig.from_dict(bundle["denoiser"]))
     model.load_state_dict(bundle["state_dict"])
     return model.eval()
 

@@ -2,6 +2,7 @@
 
     python -m experiments.run experiment=vidd_molecule                                   # VIDD alone
     python -m experiments.run experiment=vidd_molecule experiment.method=ddpo            # one baseline
+    (ddpp, rw_mle likewise; VIDD's released-code variant: experiment.distill_target=final_sample)
     python -m experiments.run experiment=vidd_molecule \
         experiment.methods=[vidd,best_of_n,standard_ft,ddpo]                             # compare mode (the tour)
     python -m experiments.run experiment=vidd_protein experiment.fasta=/path/seqs.fasta  # or experiment.fasta=demo
@@ -15,6 +16,8 @@ Stages (Algorithm 1 of Su, Li, Uehara et al., ICLR 2026: algos/vidd/vidd.py):
                     values v = r(x̂0) and value-weighted NLL on the learner; p_out <- theta every K iterations
        standard_ft  the same with beta = 0 and p_out = p_pre forever (one-shot distillation of p_pre's target)
        ddpo         PPO-clip over the denoising chain with normalized terminal rewards (algos/vidd/ddpo.py)
+       ddpp         DDPP posterior matching of p_pre tilted by exp(r / alpha) (algos/vidd/x0_losses.py)
+       rw_mle       reward-weighted MLE of the roll-ins' final samples (the released protein scripts' loss)
        best_of_n    test-time selection from p_pre: best of N = budget // best_of_n_outputs samples per output
                     (no learner: it runs from this driver through the pool)
      Sampling (roll-ins, roll-outs + values, DDPO trajectories, evaluation samples) runs on the shared pool's
@@ -41,13 +44,14 @@ import numpy as np
 from algos.vidd.config import METHODS
 from experiments.vidd.config import Config, check  # noqa: F401 - check: the registry's hook
 from experiments.vidd.data import build_model, load_bundle, load_task_data, pretrain_model, sampler_config
-from experiments.vidd.metrics import reward_stats, set_metrics, write_samples
+from experiments.vidd.metrics import reward_stats, set_metrics, task_metrics, write_samples
 from experiments.vidd.plots import plot_results
 from experiments.vidd.sampler_requests import best_of_n_candidates, evaluate_through_pool, queries_of, sum_info
 
 log = logging.getLogger(__name__)
 
 PRETRAINED_ID = -1.0
+PROTOCOL_KEYS = ("heldout_reward_median", "kmer3_corr")  # DNA: the held-out oracle, naturalness
 
 
 def run(cfg: dict, ctx) -> dict[str, Any]:
@@ -60,7 +64,7 @@ def run(cfg: dict, ctx) -> dict[str, Any]:
     run_path = ctx.run_dir.path
     pool = ctx.pool
     n_requests = ctx.typed["pool"].num_workers
-    run_id = f"{cfg['experiment']['name']}/{ctx.run_dir.name}"
+    run_id = ctx.run_id  # unique on the cluster: the prefix of this run's pool weight keys
     pretrained_path = Path(exp.pretrained) if exp.pretrained else run_path / "pretrained.pt"
     if pretrained_path.is_file():
         bundle = load_bundle(pretrained_path)
@@ -80,7 +84,8 @@ def run(cfg: dict, ctx) -> dict[str, Any]:
     pre_key = f"{run_id}/pretrained"
     pool.publish(pre_key, {"pretrained": bundle["state_dict"]})
     pre_metrics, columns = evaluate_through_pool(pool, scfg, pre_key, "pretrained", exp.eval_samples, seed + 17,
-                                                 n_requests, exp.task, pre_model, exp.nll_time_samples)
+                                                 n_requests, exp.task, pre_model, exp.nll_time_samples,
+                                                 task_metrics(exp, seed))
     write_samples(samples, columns, "pretrained", 0, 0, seed)
     driver_rows = [{"method_id": PRETRAINED_ID, "iteration": 0, "queries": 0, "wall_s": 0.0, **pre_metrics}]
     if "best_of_n" in methods:
@@ -103,7 +108,8 @@ def run(cfg: dict, ctx) -> dict[str, Any]:
     df = read_metrics(run_path)
     pretrained = {"median_reward": pre_metrics["reward_median"], "top10_reward": pre_metrics["reward_top10"],
                   "nll": pre_metrics["nll"], "diversity": _num(pre_metrics["diversity"]),
-                  "validity": pre_metrics["validity"]}
+                  "validity": pre_metrics["validity"],
+                  **{k: _num(pre_metrics[k]) for k in PROTOCOL_KEYS if k in pre_metrics}}
     title = {"molecule": f"molecules ({exp.reward})", "dna": "DNA (liver-TF motif proxy)",
              "protein": "protein (beta-sheet propensity proxy)"}[exp.task]
     per_method = summarise(df, methods)
@@ -175,7 +181,8 @@ def summarise(df, methods: list[str]) -> dict[str, dict | None]:
                   "mean_reward": float(last["reward_mean"]), "nll": float(last["nll"]),
                   "diversity": _num(last["diversity"]), "validity": float(last["validity"]),
                   "uniqueness": float(last["uniqueness"]), "queries": int(rows["queries"].max()),
-                  "wall_s": float(rows["wall_s"].max())}
+                  "wall_s": float(rows["wall_s"].max()),
+                  **{k: _num(last[k]) for k in PROTOCOL_KEYS if k in last.index}}
     return out
 
 

@@ -2,7 +2,8 @@
 
 Every iteration: publish the weights, collect this rank's share of the batch and of the remaining budget through the
 pool, update (gradients all-reduced), count the queries of all ranks, evaluate on schedule, checkpoint. The pool holds
-three weight roles: "pretrained" (p_pre), "teacher" (p_out) and "student" (p_theta).
+three weight roles: "pretrained" (p_pre), "teacher" (p_out) and "student" (p_theta). The models live on the device Ray
+gave this worker (``cluster.ddp.device()``: its GPU, else the CPU); batches from the pool are moved there.
 
     train_fn(config)   config: experiment (Config fields), pool, run_path, run_id, method, seed, torch_threads,
                        pretrained_path, sampler_config
@@ -14,14 +15,16 @@ import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import torch
 from torch import nn
 
 from algos.vidd import ddpo
-from algos.vidd.config import METHODS, VIDDConfig
+from algos.vidd.config import METHODS, X0_METHODS, VIDDConfig
 from algos.vidd.finetune import frozen_copy
 from algos.vidd.vidd import refresh_due, refresh_teacher, rollin_with_teacher, vidd_update
+from algos.vidd.x0_losses import x0_update
 from cluster import ddp
 from cluster.journal import Journal
 from cluster.metrics import MetricsLogger, Progress
@@ -30,7 +33,7 @@ from cluster.store import ParquetStore
 from experiments.registry import attach_pool
 from experiments.vidd.config import Config
 from experiments.vidd.data import build_model, load_bundle
-from experiments.vidd.metrics import write_samples
+from experiments.vidd.metrics import task_metrics, write_samples
 from experiments.vidd.sampler_requests import (
     ddpo_trajectories,
     evaluate_through_pool,
@@ -38,6 +41,7 @@ from experiments.vidd.sampler_requests import (
     split_requests,
     sum_info,
     vidd_transitions,
+    x0_transitions,
 )
 
 log = logging.getLogger(__name__)
@@ -69,18 +73,20 @@ class Learner:
     metrics_log: MetricsLogger | None  # rank 0 only
     progress: Progress | None  # rank 0 only
     journal: Journal
+    device: torch.device
     t_start: float = 0.0
+    task_metrics: Callable | None = None  # DNA: held-out oracle and 3-mer correlation (built at the first evaluation)
 
     @property
     def method_id(self) -> int:
         return METHODS.index(self.method)
 
     def finished(self) -> bool:
-        """Out of iterations, or of budget: every rank needs one query (DDPO: one sample) or two (VIDD: one value
-        pair) to make an iteration."""
+        """Out of iterations, or of budget: every rank needs one query (DDPO: one sample; RW_MLE: one final sample)
+        or two (VIDD, DDPP: one value pair) to make an iteration."""
         remaining = self.exp.query_budget - self.counters["queries"]
         return (self.counters["iteration"] >= self.exp.max_iterations
-                or remaining < (1 if self.method == "ddpo" else 2) * self.world)
+                or remaining < (1 if self.method in ("ddpo", "rw_mle") else 2) * self.world)
 
 
 def train_fn(config: dict) -> None:
@@ -92,7 +98,9 @@ def train_fn(config: dict) -> None:
         it = learner.counters["iteration"] = learner.counters["iteration"] + 1
         publish(learner)
         row = {"method_id": float(learner.method_id), "iteration": it}
-        results = (ddpo_step if learner.method == "ddpo" else vidd_step)(learner, it, row)
+        step = (ddpo_step if learner.method == "ddpo" else
+                x0_step if learner.method in X0_METHODS or learner.cfg.distill_target == "final_sample" else vidd_step)
+        results = step(learner, it, row)
         count_queries(learner, results, row)
         last = learner.finished()
         if last or (learner.exp.eval_every and it % learner.exp.eval_every == 0):
@@ -112,9 +120,10 @@ def setup(config: dict) -> Learner:
     cfg = exp.for_method(method)
     rank, world = ddp.rank(), ddp.world_size()
     run_path = Path(config["run_path"])
+    device = ddp.device()
     bundle = load_bundle(config["pretrained_path"])
-    pre = frozen_copy(build_model(bundle))
-    student = build_model(bundle).train()
+    pre = frozen_copy(build_model(bundle).to(device))
+    student = build_model(bundle).to(device).train()
     teacher = frozen_copy(pre)  # p_out (VIDD); DDPO samples from the student itself
     model = ddp.wrap_ddp(student)
     model.mask_id, model.seq_len = student.mask_id, student.seq_len  # algos read these off the module
@@ -125,18 +134,18 @@ def setup(config: dict) -> Learner:
         bundle=bundle, pre=pre, student=student, teacher=teacher, model=model,
         optimizer=torch.optim.Adam(student.parameters(), lr=cfg.lr, eps=cfg.adam_eps),
         counters={"iteration": 0, "queries": 0, "eval_queries": 0, "wall_s": 0.0},
-        pool=attach_pool(config["pool"]), weights_key=f"{config['run_id']}/{method}",
+        pool=attach_pool(config["pool"], scope=config["run_id"]), weights_key=f"{config['run_id']}/{method}",
         sampler_config=config["sampler_config"], n_requests=max(1, config["pool"]["num_workers"]), samples=samples,
         metrics_log=metrics_log,
         progress=Progress(f"vidd {method}", exp.query_budget, "queries") if rank == 0 else None,
         # rank 0 writes the samples and the metrics; a resume cuts both back to the checkpoint
-        journal=Journal(run_path, [samples] if rank == 0 else [], metrics=metrics_log))
+        journal=Journal(run_path, [samples] if rank == 0 else [], metrics=metrics_log), device=device)
 
 
 def resume(learner: Learner) -> None:
     with ddp.latest_checkpoint() as ckpt:
         if ckpt is not None:
-            state = torch.load(ckpt / "learner.pt", weights_only=True)
+            state = torch.load(ckpt / "learner.pt", weights_only=True, map_location=learner.device)
             learner.student.load_state_dict(state["student"])
             learner.teacher.load_state_dict(state["teacher"])
             learner.optimizer.load_state_dict(state["optimizer"])
@@ -182,7 +191,9 @@ def ddpo_step(learner: Learner, it: int, row: dict) -> list[dict]:
                                                  int(min(share, budget)), seed, learner.n_requests)
     metrics = ddpo.ddpo_update(learner.model, learner.optimizer, states, ddpo.normalized_advantages(rewards),
                                learner.cfg, torch.Generator().manual_seed(seed))
-    row.update(metrics, train_reward_mean=float(rewards.mean()))
+    finite = rewards[torch.isfinite(rewards)]
+    row.update(metrics, train_reward_mean=float(finite.mean()) if len(finite) else float("nan"),
+               trajectories=float(len(rewards)))
     return results
 
 
@@ -194,12 +205,33 @@ def vidd_step(learner: Learner, it: int, row: dict) -> list[dict]:
     learner.student.train()
     batch, results = vidd_transitions(learner.pool, learner.sampler_config, learner.weights_key, learner.cfg, share,
                                       budget, rank_seed(learner, it), learner.n_requests, with_teacher)
-    metrics = vidd_update(learner.model, learner.optimizer, batch, learner.cfg)
+    metrics = vidd_update(learner.model, learner.optimizer, batch.to(learner.device), learner.cfg)
     refreshed = refresh_due(learner.cfg, it)
     if refreshed:
         refresh_teacher(learner.teacher, learner.student)
     row.update({k: v for k, v in metrics.items() if math.isfinite(v)}, rollin_from_teacher=float(with_teacher),
-               teacher_refreshed=float(refreshed), transitions=float(batch.changed.sum()))
+               teacher_refreshed=float(refreshed), transitions=float(batch.changed.sum()),
+               trajectories=float(share))
+    return results
+
+
+def x0_step(learner: Learner, it: int, row: dict) -> list[dict]:
+    """DDPP, RW_MLE and the released VIDD variant: roll-in, final samples and values in the pool; the loss on
+    log p_theta(x0 | x_t) here (algos.vidd.x0_losses); the teacher refresh (DDPP: every iteration, on-policy)."""
+    share, budget = rank_share(learner)
+    coin = torch.Generator().manual_seed(learner.seed * 100_003 + it)
+    with_teacher = rollin_with_teacher(learner.cfg.beta, coin)
+    learner.student.train()
+    batch, results = x0_transitions(learner.pool, learner.sampler_config, learner.weights_key, learner.cfg,
+                                    learner.method, share, budget, rank_seed(learner, it), learner.n_requests,
+                                    with_teacher)
+    metrics = x0_update(learner.model, learner.optimizer, batch.to(learner.device), learner.cfg,
+                        learner.pre if learner.method == "ddpp" else None)
+    refreshed = refresh_due(learner.cfg, it)
+    if refreshed:
+        refresh_teacher(learner.teacher, learner.student)
+    row.update({k: v for k, v in metrics.items() if math.isfinite(v)}, rollin_from_teacher=float(with_teacher),
+               teacher_refreshed=float(refreshed), transitions=float(batch.valid.sum()), trajectories=float(share))
     return results
 
 
@@ -218,9 +250,11 @@ def count_queries(learner: Learner, results: list[dict], row: dict) -> None:
 def evaluate(learner: Learner, it: int, row: dict) -> None:
     """Rank 0: fresh samples of the student scored in the pool; metrics into ``row``, samples into the store."""
     exp = learner.exp
+    if learner.task_metrics is None and exp.task == "dna":
+        learner.task_metrics = task_metrics(exp, learner.seed)
     metrics, columns = evaluate_through_pool(learner.pool, learner.sampler_config, learner.weights_key, "student",
                                              exp.eval_samples, learner.seed + 17, learner.n_requests, exp.task,
-                                             learner.pre, exp.nll_time_samples)
+                                             learner.pre, exp.nll_time_samples, learner.task_metrics)
     learner.counters["eval_queries"] += int(metrics["eval_queries"])
     row.update(metrics)
     write_samples(learner.samples, columns, learner.method, it, learner.counters["queries"], learner.seed)
@@ -230,6 +264,8 @@ def record(learner: Learner, it: int, row: dict, last: bool) -> None:
     """Wall time and evaluation totals into ``row``; rank 0 logs it and shows progress."""
     learner.counters["wall_s"] = time.perf_counter() - learner.t_start
     row.update(wall_s=learner.counters["wall_s"], eval_queries_total=learner.counters["eval_queries"])
+    if last:  # a collective on every rank: the DDP replicas must end identical
+        row["param_max_abs_diff"] = ddp.replica_divergence(learner.student)
     if learner.metrics_log is not None:
         learner.metrics_log.log(it, row)
         learner.progress.update(learner.counters["queries"], force=last, iteration=it,

@@ -2,13 +2,22 @@
 samples go (run_dir/data/samples, Parquet, one row per sample with the method name as a string column)."""
 from __future__ import annotations
 
+from typing import Callable
+
 import numpy as np
 
 
 def reward_stats(rewards: np.ndarray) -> dict[str, float]:
-    r = np.sort(np.asarray(rewards, dtype=np.float64))
-    top = r[-max(1, len(r) // 10):]
-    return {"reward_mean": float(r.mean()), "reward_median": float(np.median(r)), "reward_top10": float(top.mean())}
+    """Mean, median and top-10 % mean of the finite rewards (a NaN: a non-finite oracle answer, left out and
+    counted in ``reward_nonfinite``)."""
+    r = np.asarray(rewards, dtype=np.float64)
+    finite = np.sort(r[np.isfinite(r)])
+    if not len(finite):
+        return {"reward_mean": float("nan"), "reward_median": float("nan"), "reward_top10": float("nan"),
+                "reward_nonfinite": float(len(r))}
+    top = finite[-max(1, len(finite) // 10):]
+    return {"reward_mean": float(finite.mean()), "reward_median": float(np.median(finite)),
+            "reward_top10": float(top.mean()), "reward_nonfinite": float(len(r) - len(finite))}
 
 
 def set_metrics(task: str, sequences: list[str]) -> dict[str, float]:
@@ -35,3 +44,27 @@ def write_samples(store, columns: dict, method: str, iteration: int, queries: in
     n = len(columns["sequence"])
     store.append({"method": [method] * n, "iteration": np.full(n, iteration), "queries": np.full(n, queries),
                   "seed": np.full(n, seed), **columns})
+
+
+def dna_protocol_metrics(n_train: int, n_heldout: int, seq_len: int, seed: int, release: str,
+                         reward: str) -> Callable[[list[str]], dict[str, float]]:
+    """The DNA protocol's extra metrics of a sample set: the held-out evaluation oracle (another JASPAR release,
+    never queried in training) and the 3-mer correlation with the corpus's held-out sequences (regenerated from the
+    run's seed, the same as the pretraining split)."""
+    from envs.bio.dna import MotifProxyReward, generate_dna_corpus, kmer_correlation
+    reference = generate_dna_corpus(n_train + n_heldout, seq_len, seed=seed)[n_train:]
+    oracle = MotifProxyReward(release=release, kind="sites" if reward == "motif_sites" else "best")
+
+    def metrics(sequences: list[str]) -> dict[str, float]:
+        held_out, _ = oracle([s or None for s in sequences])
+        valid = [s for s in sequences if s]
+        return {"heldout_reward_median": float(np.median(held_out)) if len(held_out) else float("nan"),
+                "kmer3_corr": kmer_correlation(valid, reference) if valid else float("nan")}
+    return metrics
+
+
+def task_metrics(exp, seed: int) -> Callable[[list[str]], dict[str, float]] | None:
+    """The extra evaluation metrics of ``exp``'s task (``exp``: the experiment's Config), or None."""
+    if exp.task != "dna":
+        return None
+    return dna_protocol_metrics(exp.n_train, exp.n_heldout, exp.seq_len, seed, exp.dna_eval_release, exp.reward)

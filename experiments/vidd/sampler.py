@@ -5,7 +5,8 @@ config (one sampler per task/model shape, cached by the pool worker):
     task         "molecule" | "dna" | "protein"
     denoiser     algos.vidd.mdlm.DenoiserConfig fields (vocab_size, seq_len, d_model, ...)
     vocab        {"symbols": [...], "pad": ...} of the task's tokens (molecules: the SELFIES vocabulary)
-    reward       {"kind": ..., ...}: molecule kind qed|sa|composite (+ sa_weight); dna kind motif (+ release);
+    reward       {"kind": ..., ...}: molecule kind qed|sa|composite (+ sa_weight); dna kind motif|motif_sites
+                 (+ release);
                  protein kind beta_sheet; any task: kind custom + factory "module:callable" (a user oracle)
     T            reverse steps of the ancestral sampler
 weights (published by version): a bundle ``{role: state_dict}`` with roles "pretrained" (p_pre), "teacher" (p_out)
@@ -15,13 +16,22 @@ request:
         -> tokens [n, L], sequences (decoded strings), rewards [n] (if score), states [T+1, n, L] (if recorded)
     kind "vidd":   n, seed, model (roll-in role), steps_per_trajectory (k or None = all T), max_queries,
                    value_model (role, default "teacher"), value_estimator, greedy_tokens_per_step, next_value,
-                   states_from_teacher, keep_teacher_log_probs (algos.vidd.vidd.collect_vidd_batch's options)
+                   states_from_teacher, keep_teacher_log_probs, value_denominator
+                   (algos.vidd.vidd.collect_vidd_batch's options)
         -> the Alg. 1 roll-out transitions of algos.vidd.vidd.collect_vidd_batch as arrays (x_t, x_next, t, s,
            v_current, v_next, changed, teacher_log_probs if kept); x̄ is drawn from the "teacher" role (p_out), values
            v(x) = r(x̂0(x)) from value_model
+    kind "x0":     n, seed, model (roll-in role), steps_per_trajectory, max_queries, value_model (role or None: no
+                   value queries), value_estimator, greedy_tokens_per_step
+        -> the final-sample batch of algos.vidd.x0_losses.collect_x0_batch (x_t, x0, t, trajectory, r_final,
+           v_current, valid) for DDPP, RW_MLE and the released VIDD variant
 Every result carries ``queries`` (distinct sequences sent to the oracle, exact), ``reward_info`` (invalid / empty /
-error counts summed over calls), ``weights_version`` and ``num_samples``. An oracle that raises is retried row by
-row; rows that still raise get the floor reward and are counted in ``n_errors``, so a bad molecule never kills a run.
+error / non-finite counts summed over calls), ``weights_version`` and ``num_samples``. An oracle that raises is retried
+row by row; rows that still raise get the floor reward and are counted in ``n_errors``, so a bad molecule never kills a
+run. Non-finite rewards come back as NaN, counted in ``n_nonfinite`` (the consumers skip them).
+
+Device: the sampler's denoisers live on the device of its pool worker (``cluster.devices.assigned_device``: the GPU
+the "gpu" worker group reserved, when CUDA can use it, else the CPU); results travel as CPU arrays.
 """
 from __future__ import annotations
 
@@ -36,6 +46,8 @@ from algos.vidd.mdlm import DenoiserConfig, LogLinearSchedule, MaskedDenoiser
 from algos.vidd.oracle import RewardCounter
 from algos.vidd.sampling import sample as mdlm_sample
 from algos.vidd.vidd import collect_vidd_batch, select_steps
+from algos.vidd.x0_losses import collect_x0_batch
+from cluster.devices import assigned_device
 from envs.bio.sequences import Vocab
 
 log = logging.getLogger(__name__)
@@ -77,7 +89,8 @@ def make_reward(task: str, spec: dict, vocab: Vocab) -> tuple[Callable, float]:
         return oracle, float(oracle.floor)
     if task == "dna":
         from envs.bio.dna import TRAIN_RELEASE, MotifProxyReward
-        oracle = MotifProxyReward(release=spec.get("release") or TRAIN_RELEASE)
+        oracle = MotifProxyReward(release=spec.get("release") or TRAIN_RELEASE,
+                                  kind="sites" if kind == "motif_sites" else "best")
         return oracle, oracle.floor
     if task == "protein":
         from envs.bio.protein import BetaSheetProxyReward
@@ -123,7 +136,7 @@ class SafeOracle:
         out = np.asarray(rewards, dtype=np.float64).reshape(-1)
         if len(out) != n:
             raise ValueError(f"oracle returned {len(out)} rewards for {n} sequences")
-        return np.where(np.isfinite(out), out, self.floor)  # NaN/inf rewards would poison the weights
+        return out  # non-finite values pass to the RewardCounter, which counts them and returns NaN (skipped)
 
 
 # ------------------------------------------------------------------------------------------ the sampler
@@ -138,13 +151,14 @@ class DiffusionSampler:
                              f"(valid: {sorted(self.KEYS)})")
         self.task = config["task"]
         self.vocab = task_vocab(self.task, config.get("vocab"))
-        self.denoiser_cfg = DenoiserConfig(**config["denoiser"])
+        self.denoiser_cfg = DenoiserConfig.from_dict(config["denoiser"])
         self.T = int(config.get("T", 32))
         oracle, floor = make_reward(self.task, config.get("reward") or {}, self.vocab)
         self.oracle = SafeOracle(oracle, floor)
         self.models: dict[str, MaskedDenoiser] = {}
         self.version = 0
         self.schedule = LogLinearSchedule()
+        self.device = assigned_device()  # the worker's GPU when its group reserved one and CUDA works
 
     def load_weights(self, weights: dict, version: int) -> None:
         unknown = sorted(set(weights) - set(ROLES))
@@ -152,7 +166,7 @@ class DiffusionSampler:
             raise ValueError(f"weights bundle has unknown roles {unknown} (valid: {ROLES})")
         for role, state in weights.items():
             if role not in self.models:
-                self.models[role] = MaskedDenoiser(self.denoiser_cfg).eval()
+                self.models[role] = MaskedDenoiser(self.denoiser_cfg).to(self.device).eval()
             self.models[role].load_state_dict(state)
         self.version = version
 
@@ -167,7 +181,9 @@ class DiffusionSampler:
             return self._sample(request)
         if kind == "vidd":
             return self._vidd(request)
-        raise ValueError(f"diffusion sampler: unknown request kind {kind!r} (sample | vidd)")
+        if kind == "x0":
+            return self._x0(request)
+        raise ValueError(f"diffusion sampler: unknown request kind {kind!r} (sample | vidd | x0)")
 
     def _counter(self, request: dict) -> RewardCounter:
         budget = request.get("max_queries")
@@ -210,7 +226,8 @@ class DiffusionSampler:
             greedy_tokens_per_step=int(request.get("greedy_tokens_per_step", 4)),
             next_value=request.get("next_value", "denoised"),
             states_from_teacher=bool(request.get("states_from_teacher", False)),
-            keep_teacher_log_probs=bool(request.get("keep_teacher_log_probs", False)))
+            keep_teacher_log_probs=bool(request.get("keep_teacher_log_probs", False)),
+            value_denominator=bool(request.get("value_denominator", True)))
         extra = {} if batch.teacher_log_probs is None else {"teacher_log_probs": batch.teacher_log_probs.numpy()}
         return {**extra, "x_t": batch.x_t.numpy().astype(np.int16), "x_next": batch.x_next.numpy().astype(np.int16),
                 "t": batch.t.numpy(), "s": batch.s.numpy(), "v_current": batch.v_current.numpy(),
@@ -218,3 +235,22 @@ class DiffusionSampler:
                 "final_tokens": rollin.tokens.numpy().astype(np.int16),
                 "queries": counter.n_queries, "reward_info": dict(counter.info),
                 "weights_version": self.version, "num_samples": n}
+
+    def _x0(self, request: dict) -> dict:
+        n = int(request["n"])
+        generator = torch.Generator().manual_seed(int(request.get("seed", 0)))
+        rollin = mdlm_sample(self._model(request.get("model", "teacher")), n, self.denoiser_cfg.seq_len, self.T,
+                             generator, record_trajectory=True, schedule=self.schedule)
+        k = request.get("steps_per_trajectory")
+        steps = select_steps(n, self.T, None if k is None else int(k), generator)
+        counter = self._counter(request)
+        role = request.get("value_model")
+        batch, _ = collect_x0_batch(
+            None if role is None else self._model(role), self.denoiser_cfg.vocab_size, rollin.states, steps, counter,
+            max_queries=counter.remaining, value_estimator=request.get("value_estimator", "one_step"),
+            greedy_tokens_per_step=int(request.get("greedy_tokens_per_step", 4)), generator=generator)
+        return {"x_t": batch.x_t.numpy().astype(np.int16), "x0": batch.x0.numpy().astype(np.int16),
+                "t": batch.t.numpy(), "trajectory": batch.trajectory.numpy(), "r_final": batch.r_final.numpy(),
+                "v_current": batch.v_current.numpy(), "valid": batch.valid.numpy(),
+                "final_tokens": rollin.tokens.numpy().astype(np.int16), "queries": counter.n_queries,
+                "reward_info": dict(counter.info), "weights_version": self.version, "num_samples": n}

@@ -1,5 +1,6 @@
 """What the driver and the learners ask of the pool's "diffusion" sampler (experiments/vidd/sampler.py), and how the
-answers come back together: evaluation samples, VIDD roll-out batches, DDPO trajectories, best-of-N candidates.
+answers come back together: evaluation samples, VIDD roll-out batches, final-sample batches (DDPP, RW_MLE, the
+released VIDD variant), DDPO trajectories, best-of-N candidates.
 
 A request of ``n`` samples is split into at most one request per pool worker; every answer counts its oracle queries
 (``queries``, distinct sequences) and the oracle's own counts (``reward_info``).
@@ -36,8 +37,9 @@ def sum_info(results: list[dict]) -> dict[str, float]:
 
 
 def evaluate_through_pool(pool, scfg: dict, weights_key: str, role: str, n: int, seed: int, n_requests: int,
-                          task: str, pretrained_model, nll_time_samples: int) -> tuple[dict, dict]:
-    """``n`` fresh samples of ``role`` scored in the pool; returns (metrics, sample columns)."""
+                          task: str, pretrained_model, nll_time_samples: int, extra=None) -> tuple[dict, dict]:
+    """``n`` fresh samples of ``role`` scored in the pool; returns (metrics, sample columns). ``extra(sequences)``
+    adds task metrics (DNA: the held-out oracle and the 3-mer correlation)."""
     import torch
 
     from algos.vidd.mdlm import nelbo
@@ -51,7 +53,8 @@ def evaluate_through_pool(pool, scfg: dict, weights_key: str, role: str, n: int,
                 generator=torch.Generator().manual_seed(seed))
     metrics = {**reward_stats(rewards), "nll": float(nll.mean()), **set_metrics(task, sequences),
                "eval_queries": float(queries_of(results)),
-               **{f"eval_{k}": float(v) for k, v in sum_info(results).items()}}
+               **{f"eval_{k}": float(v) for k, v in sum_info(results).items()},
+               **(extra(sequences) if extra is not None else {})}
     columns = {"sequence": sequences, "reward": rewards, "nll": nll.numpy(), "tokens": tokens}
     return metrics, columns
 
@@ -68,11 +71,36 @@ def vidd_transitions(pool, scfg: dict, weights_key: str, cfg, n: int, budget: in
              "steps_per_trajectory": cfg.timesteps_per_trajectory, "max_queries": int(allowances[i]),
              "value_model": cfg.value_model, "value_estimator": cfg.value_estimator,
              "greedy_tokens_per_step": cfg.greedy_tokens_per_step, "next_value": cfg.next_value,
-             "keep_teacher_log_probs": cfg.exact_teacher_term,
+             "keep_teacher_log_probs": cfg.exact_teacher_term, "value_denominator": cfg.value_denominator,
              "states_from_teacher": rollin_is_teacher_sample(with_teacher, cfg)}
             for i, k in enumerate(chunks)]
     results = pool.map(SAMPLER, reqs, config=scfg, weights=weights_key)
     return vidd_batch(results), results
+
+
+def x0_transitions(pool, scfg: dict, weights_key: str, cfg, method: str, n: int, budget: int, seed: int,
+                   n_requests: int, with_teacher: bool) -> tuple[Any, list[dict]]:
+    """Roll-in of ``n`` trajectories, their final samples and (DDPP, the released VIDD variant) the values of the
+    selected states, within ``budget`` queries, in the pool: an :class:`algos.vidd.x0_losses.X0Batch` and the
+    answers. ``cfg``: the method's VIDDConfig."""
+    import torch
+
+    from algos.vidd.x0_losses import X0Batch, value_model_role
+    chunks = split_requests(n, min(n_requests, max(1, budget)))
+    allowances = split_requests(budget, len(chunks))
+    role = value_model_role(method, cfg)
+    reqs = [{"kind": "x0", "n": k, "seed": seed + i, "model": "teacher" if with_teacher else "pretrained",
+             "steps_per_trajectory": cfg.timesteps_per_trajectory, "max_queries": int(allowances[i]),
+             "value_model": role, "value_estimator": "one_step" if method == "ddpp" else cfg.value_estimator,
+             "greedy_tokens_per_step": cfg.greedy_tokens_per_step} for i, k in enumerate(chunks)]
+    results = pool.map(SAMPLER, reqs, config=scfg, weights=weights_key)
+    offsets = np.cumsum([0] + [r["num_samples"] for r in results[:-1]])  # trajectory ids unique across answers
+    cat = lambda k, dtype: torch.as_tensor(np.concatenate([r[k] for r in results])).to(dtype)  # noqa: E731
+    trajectory = torch.as_tensor(np.concatenate([r["trajectory"] + o for r, o in zip(results, offsets)])).long()
+    batch = X0Batch(x_t=cat("x_t", torch.long), x0=cat("x0", torch.long), t=cat("t", torch.float32),
+                    trajectory=trajectory, r_final=cat("r_final", torch.float32),
+                    v_current=cat("v_current", torch.float32), valid=cat("valid", torch.bool))
+    return batch, results
 
 
 def vidd_batch(results: list[dict]):

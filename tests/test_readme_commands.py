@@ -1,0 +1,82 @@
+"""Every `python -m experiments.run|sweep ...` command in the README composes and passes validation, so a README
+example that orrery would reject fails CI. Placeholders (<run>, <local HF dir>, /path/seqs.fasta, $PWD) are given
+real files of the kind the command expects."""
+from __future__ import annotations
+
+import re
+import shlex
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from cluster.store import ParquetStore
+from experiments.config import load
+from experiments.sweep import _select_sweep, check
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def readme_commands() -> list[tuple[str, list[str]]]:
+    """(module, overrides) of every command in the README's code blocks, continuation lines joined."""
+    text = (ROOT / "README.md").read_text()
+    blocks = re.findall(r"```bash\n(.*?)```", text, re.S)
+    out = []
+    for block in blocks:
+        joined = re.sub(r"\\\n\s*", " ", block)
+        for line in joined.splitlines():
+            line = line.split("  #", 1)[0]
+            match = re.search(r"-m (experiments\.(?:run|sweep))\b(.*)$", line)
+            if match:
+                out.append((match.group(1), shlex.split(match.group(2))))
+    return out
+
+
+COMMANDS = readme_commands()
+
+
+def test_the_readme_has_the_commands_this_test_checks():
+    modules = [m for m, _ in COMMANDS]
+    assert modules.count("experiments.run") >= 10 and modules.count("experiments.sweep") >= 2, COMMANDS
+
+
+@pytest.fixture(scope="module")
+def placeholders(tmp_path_factory) -> dict[str, str]:
+    tmp = tmp_path_factory.mktemp("readme")
+    import torch
+    pretrain = tmp / "lift_pretrain" / "run"  # what lift_finetune's check reads of a pretraining run (InvertedPendulum)
+    pretrain.mkdir(parents=True)
+    torch.save({}, pretrain / "policy.pt")
+    torch.save({"arch": {"obs_dim": 4, "act_dim": 1, "critic_obs_dim": 4}}, pretrain / "agent.pt")
+    ParquetStore(pretrain / "data" / "replay-rank0").append({"x": np.zeros(2)})
+    fasta = tmp / "seqs.fasta"
+    fasta.write_text(">a\nMKTAYIAKQRQISFVKSHFSRQ\n>b\nMKVLAAGIVGLLLAGCSS\n")
+    hf = tmp / "hf-model"
+    hf.mkdir()
+    (hf / "config.json").write_text('{"model_type": "gpt2"}')
+    return {"runs/lift_pretrain/<run>": str(pretrain), "/path/seqs.fasta": str(fasta),
+            "/models/<local HF dir>": str(hf), "$PWD": str(ROOT), "<address>": "127.0.0.1:6379"}
+
+
+@pytest.mark.parametrize("module, args", COMMANDS, ids=[" ".join(a)[:80] or m for m, a in COMMANDS])
+def test_readme_command_is_a_valid_config(module, args, placeholders):
+    args = [_fill(a, placeholders) for a in args]
+    if module == "experiments.sweep":
+        check(load(_select_sweep(args)))
+    else:
+        load(args)
+
+
+def _fill(arg: str, placeholders: dict[str, str]) -> str:
+    for key, value in placeholders.items():
+        arg = arg.replace(key, value)
+    assert "<" not in arg, f"a README placeholder this test does not know: {arg}"
+    return arg
+
+
+def test_the_gpu_check_configs_are_valid():
+    """benchmarks/gpu_check.py runs only on a lent GPU machine: its configs must not fail there on a typo."""
+    from benchmarks.gpu_check import EXPERIMENTS, FIT_ONE_GPU
+    for name, overrides in EXPERIMENTS.items():
+        if name != "attnrl":  # attnrl needs the local HF model the script builds on the GPU machine
+            load([*overrides, "scale=paper", *FIT_ONE_GPU])

@@ -1,0 +1,155 @@
+"""The paper's structure, rehearsed on a real multi-node Ray cluster on this machine: a head and two worker nodes
+started with `ray start` (token auth on), the worker nodes declaring logical GPUs. Every experiment runs on it with
+`scale=rehearsal`: 2 Ray Train workers in DDP asking for GPUs, the pool SPREAD over the nodes with a fractional-GPU
+worker group for the model samplers, at smoke sizes. One run goes through `ray job submit`.
+
+Without CUDA every process computes on the CPU (cluster/devices.py); what is checked is the structure: placement,
+per-rank checkpoints, identical DDP replicas, the sweep and the job path, on nodes that are separate raylets.
+"""
+from __future__ import annotations
+
+import json
+import secrets
+import shutil
+import subprocess
+import sys
+import tempfile
+import uuid
+from pathlib import Path
+
+import pytest
+
+from cluster.deploy.local import LocalNode, node_env, ray_executable
+from cluster.rundir import RunDir
+
+ROOT = Path(__file__).resolve().parents[1]
+POOL = f"rehearsal-{uuid.uuid4().hex[:6]}"
+
+
+class Cluster:
+    def __init__(self, head: LocalNode, workers: list[LocalNode], out: Path) -> None:
+        self.head, self.workers, self.out = head, workers, out
+        self.env = {**head.env, "OMP_NUM_THREADS": "1"}
+
+    def run(self, *args: str, module: str = "experiments.run", timeout: float = 600) -> subprocess.CompletedProcess:
+        cmd = [sys.executable, "-m", module, *args, "scale=rehearsal", "cluster=remote",
+               f"cluster.address={self.head.gcs_address}", f"pool.name={POOL}", f"output_dir={self.out}"]
+        proc = subprocess.run(cmd, cwd=ROOT, env=self.env, capture_output=True, text=True, timeout=timeout)
+        assert proc.returncode == 0, f"{' '.join(cmd)}\n{proc.stdout[-3000:]}\n{proc.stderr[-4000:]}"
+        return proc
+
+    def summary(self, experiment: str, run: str) -> dict:
+        return json.loads((self.out / experiment / run / "summary.json").read_text())
+
+    def pool_stats(self) -> dict:
+        script = ("import json, ray\n"
+                  f"ray.init(address={self.head.gcs_address!r}, namespace='orrery', log_to_driver=False)\n"
+                  "from cluster.pool import SharedPool\n"
+                  f"print('STATS', json.dumps(SharedPool.attach({{'name': {POOL!r}}}, create=False).stats()))\n")
+        proc = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=self.env, capture_output=True, text=True,
+                              timeout=120)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        return json.loads(proc.stdout.split("STATS", 1)[1])
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    token = secrets.token_hex(32)
+    temp = Path(tempfile.mkdtemp(prefix="orr-reh-", dir="/tmp"))  # short: Ray's socket paths must fit 107 bytes
+    out = Path(tempfile.mkdtemp(prefix="orrery-rehearsal-runs-"))
+    nodes: list[LocalNode] = []
+    try:
+        head = LocalNode.head(temp / "h", num_cpus=1, token=token)
+        nodes.append(head)
+        for i in range(2):
+            nodes.append(LocalNode.worker(head, temp / f"w{i}", num_cpus=2, num_gpus=2))
+        yield Cluster(head, nodes[1:], out)
+    finally:
+        for node in reversed(nodes):
+            node.stop()
+        shutil.rmtree(temp, ignore_errors=True)
+        shutil.rmtree(out, ignore_errors=True)
+
+
+def test_lift_pretrain_two_ddp_learners_asking_for_gpus(cluster):
+    cluster.run("experiment=lift_pretrain", "env=pendulum", "run_name=pre", "experiment.total_env_steps=1536",
+                "experiment.eval_every_steps=768", "experiment.eval_episodes=2", "experiment.checkpoint_every_updates=256")
+    s = cluster.summary("lift_pretrain", "pre")
+    assert s["train_workers"] == 2 and s["param_max_abs_diff"] == 0.0, s
+    ckpts = RunDir(cluster.out / "lift_pretrain" / "pre").learner_checkpoints()
+    assert ckpts and {p.name for p in ckpts[-1].iterdir()} >= {"rank0.pt", "rank1.pt"}, "one shard per rank"
+    stats = cluster.pool_stats()
+    nodes = {g: {w["node_id"] for w in stats["workers"] if w.get("group") == g} for g in ("default", "gpu")}
+    assert len(nodes["default"]) == 2 and len(nodes["gpu"]) == 2, f"the pool is SPREAD over both nodes: {nodes}"
+    gpu_workers = [w for w in stats["workers"] if w.get("group") == "gpu"]
+    assert all(w["resources"].get("GPU") == 0.25 for w in gpu_workers), gpu_workers
+
+
+def test_collect_as_a_submitted_job_with_token_auth(cluster):
+    url = cluster.head.dashboard_url
+    assert cluster.head.http("/api/version", token=None)[0] == 401
+    entry = [sys.executable, "-m", "experiments.run", "experiment=collect", "scale=rehearsal", "cluster=remote",
+             "experiment.num_transitions=120", "experiment.num_shards=2", "experiment.envs_per_shard=2",
+             f"pool.name={POOL}", f"output_dir={cluster.out}", "run_name=job"]
+    job_id = f"orrery-rehearsal-{uuid.uuid4().hex[:6]}"
+    submit = subprocess.run([ray_executable(), "job", "submit", "--address", url, "--submission-id", job_id,
+                             "--working-dir", ".", "--runtime-env", "configs/runtime_env.yaml", "--", *entry],
+                            cwd=ROOT, env=cluster.env, capture_output=True, text=True, timeout=600)
+    assert submit.returncode == 0, submit.stdout[-3000:] + submit.stderr[-3000:]
+    status, body = cluster.head.http(f"/api/jobs/{job_id}")
+    assert status == 200 and json.loads(body)["status"] == "SUCCEEDED", body
+    assert cluster.summary("collect", "job")["transitions"] == 120
+    refused = subprocess.run([ray_executable(), "job", "list", "--address", url], cwd=ROOT,
+                             env=node_env(None, cluster.out), capture_output=True, text=True, timeout=120)
+    assert refused.returncode != 0, "a client without the token must be refused"
+
+
+def test_tour_every_method_with_ddp_learners_on_one_pool(cluster):
+    """The main job at rehearsal structure: LIFT (pretrain -> finetune), VIDD and AttnRL drivers at once, each learner
+    2 DDP replicas asking for GPUs, on one pool spread over the nodes; the replicas end identical."""
+    from cluster.metrics import read_metrics
+    from tests.test_tour import TINY, check_tour
+    cluster.run("experiment=tour", "run_name=t", *TINY, timeout=1500)
+    tour = cluster.out / "tour" / "t"
+    check_tour(tour)
+    runs = tour / "runs"
+    pre = json.loads((runs / "lift_pretrain" / "lift_pretrain" / "summary.json").read_text())
+    assert pre["train_workers"] == 2 and pre["param_max_abs_diff"] == 0.0, pre
+    for experiment, methods in (("lift_finetune", ("lift", "sac_finetune")), ("vidd_molecule", ("vidd",))):
+        df = read_metrics(runs / experiment / experiment).dropna(subset=["param_max_abs_diff"])
+        assert len(df) >= len(methods) and (df["param_max_abs_diff"] == 0.0).all(), (experiment, df)
+    for method in ("attnrl", "grpo"):
+        last = RunDir(runs / "attnrl" / "attnrl").learner_checkpoints(f"learner-{method}")[-1]
+        shards = [json.loads((last / f"rank{r}.json").read_text()) for r in (0, 1)]
+        assert shards[0]["param_digest"] == shards[1]["param_digest"], (method, shards)
+
+
+VIDD_TINY = ["experiment.methods=[vidd,best_of_n]", "experiment.n_train=200", "experiment.n_heldout=20",
+             "experiment.seq_len=32", "experiment.d_model=32", "experiment.n_layers=1", "experiment.n_heads=2",
+             "experiment.pretrain_steps=20", "experiment.num_sampling_steps=6", "experiment.query_budget=64",
+             "experiment.batch_size=8", "experiment.timesteps_per_trajectory=2", "experiment.refresh_interval=2",
+             "experiment.best_of_n_outputs=16", "experiment.eval_samples=16", "experiment.eval_every=0",
+             "experiment.nll_time_samples=1", "experiment.refresh_check=off"]
+
+
+@pytest.mark.parametrize("experiment,extra", [("vidd_dna", []), ("vidd_protein", ["experiment.fasta=demo"])])
+def test_vidd_tasks_with_ddp_learners(cluster, experiment, extra):
+    from cluster.metrics import read_metrics
+    cluster.run(f"experiment={experiment}", f"run_name={experiment}", *VIDD_TINY, *extra)
+    summary = cluster.summary(experiment, experiment)
+    assert set(summary["methods"]) == {"vidd", "best_of_n"}
+    assert 0 < summary["methods"]["vidd"]["queries"] <= 64, summary
+    df = read_metrics(cluster.out / experiment / experiment).dropna(subset=["param_max_abs_diff"])
+    assert len(df) == 1 and df["param_max_abs_diff"].iloc[0] == 0.0, df
+
+
+def test_a_sweep_of_ddp_learners(cluster):
+    """Two lift_pretrain trials at once, each a Ray Train learner of 2 DDP workers asking for GPUs."""
+    cluster.run("experiment=lift_pretrain", "env=pendulum", "sweep=lift_pretrain_lr", "run_name=sw",
+                "sweep.scheduler.name=fifo", "sweep.max_concurrent=2", "experiment.total_env_steps=1024",
+                "experiment.eval_every_steps=512", "experiment.eval_episodes=2", module="experiments.sweep")
+    trials = sorted((cluster.out / "lift_pretrain" / "sw" / "trials" / "lift_pretrain").iterdir())
+    assert len(trials) == 2, trials
+    for trial in trials:
+        summary = json.loads((trial / "summary.json").read_text())
+        assert summary["train_workers"] == 2 and summary["param_max_abs_diff"] == 0.0, (trial, summary)
