@@ -21,6 +21,7 @@ import pytest
 
 from cluster.deploy.local import LocalNode, node_env, ray_executable
 from cluster.rundir import RunDir
+from cluster.store import ParquetStore
 
 ROOT = Path(__file__).resolve().parents[1]
 POOL = f"rehearsal-{uuid.uuid4().hex[:6]}"
@@ -76,8 +77,17 @@ def test_lift_pretrain_two_ddp_learners_asking_for_gpus(cluster):
                 "experiment.eval_every_steps=768", "experiment.eval_episodes=2", "experiment.checkpoint_every_updates=256")
     s = cluster.summary("lift_pretrain", "pre")
     assert s["train_workers"] == 2 and s["param_max_abs_diff"] == 0.0, s
-    ckpts = RunDir(cluster.out / "lift_pretrain" / "pre").learner_checkpoints()
+    run = cluster.out / "lift_pretrain" / "pre"
+    ckpts = RunDir(run).learner_checkpoints()
     assert ckpts and {p.name for p in ckpts[-1].iterdir()} >= {"rank0.pt", "rank1.pt"}, "one shard per rank"
+    # each rank's shard holds its own replay (Ray Train merged the files; nothing was gathered into rank 0)
+    import torch
+    ranks = [torch.load(ckpts[-1] / f"rank{r}.pt", weights_only=True) for r in (0, 1)]
+    assert all(r["buffer"]["size"] > 0 for r in ranks)
+    assert not torch.equal(ranks[0]["buffer"]["storage"]["obs"][:8], ranks[1]["buffer"]["storage"]["obs"][:8])
+    assert len(list((run / "data").glob("replay-rank*"))) == 2
+    assert len(ParquetStore(run / "data" / "replay-rank0")) + len(ParquetStore(run / "data" / "replay-rank1")) \
+        == s["env_steps"]
     stats = cluster.pool_stats()
     nodes = {g: {w["node_id"] for w in stats["workers"] if w.get("group") == g} for g in ("default", "gpu")}
     assert len(nodes["default"]) == 2 and len(nodes["gpu"]) == 2, f"the pool is SPREAD over both nodes: {nodes}"
@@ -146,7 +156,7 @@ def test_vidd_tasks_with_ddp_learners(cluster, experiment, extra):
 def test_a_sweep_of_ddp_learners(cluster):
     """Two lift_pretrain trials at once, each a Ray Train learner of 2 DDP workers asking for GPUs."""
     cluster.run("experiment=lift_pretrain", "env=pendulum", "sweep=lift_pretrain_lr", "run_name=sw",
-                "sweep.scheduler.name=fifo", "sweep.max_concurrent=2", "experiment.total_env_steps=1024",
+                "sweep.scheduler.name=fifo", "sweep.num_samples=2", "sweep.max_concurrent=2", "experiment.total_env_steps=1024",
                 "experiment.eval_every_steps=512", "experiment.eval_episodes=2", module="experiments.sweep")
     trials = sorted((cluster.out / "lift_pretrain" / "sw" / "trials" / "lift_pretrain").iterdir())
     assert len(trials) == 2, trials
