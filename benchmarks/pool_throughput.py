@@ -326,7 +326,10 @@ def start_ray(num_cpus: int) -> Path:
     import ray
     temp = Path("/tmp") / f"orrery-bench-{uuid.uuid4().hex[:6]}"  # short: Ray's socket paths must fit 107 chars
     try:
-        ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, object_store_memory=512 * 1024 ** 2,
+        from cluster.deploy.local import free_port
+        # with the dashboard: the manager's pid (its CPU column) comes from Ray's State API, which it serves
+        ray.init(address="local", num_cpus=num_cpus, include_dashboard=True, dashboard_port=free_port(),
+                 object_store_memory=512 * 1024 ** 2,
                  _temp_dir=str(temp), namespace="orrery", log_to_driver=False,
                  runtime_env={"env_vars": {"PYTHONPATH": str(ROOT), "RAY_AUTH_MODE": os.environ["RAY_AUTH_MODE"],
                                            "OMP_NUM_THREADS": "1"}})
