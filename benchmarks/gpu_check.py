@@ -208,15 +208,8 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def _record(path: Path, section: str) -> None:
-    """Replace this script's section of RESULTS.md (or append it), keeping the others."""
-    text = path.read_text()
-    start = text.find(SECTION)
-    if start < 0:
-        text = text.rstrip("\n") + "\n\n" + section
-    else:
-        end = text.find("\n## ", start + len(SECTION))
-        text = text[:start] + section.rstrip("\n") + "\n\n" + (text[end + 1:] if end >= 0 else "")
-    path.write_text(text.rstrip("\n") + "\n")
+    from benchmarks.results_md import replace_section
+    replace_section(path, SECTION, section)
 
 
 if __name__ == "__main__":

@@ -624,14 +624,8 @@ def report(rows: list[Row], info: dict, args: argparse.Namespace) -> str:
 
 def record(path: Path, section: str) -> None:
     """Write this benchmark's section into RESULTS.md, replacing its previous one and keeping the others."""
-    text = path.read_text() if path.exists() else RESULTS_HEADER
-    start = text.find(SECTION)
-    if start < 0:
-        text = text.rstrip("\n") + "\n\n" + section
-    else:
-        end = text.find("\n## ", start + len(SECTION))
-        text = text[:start] + section.rstrip("\n") + "\n\n" + (text[end + 1:] if end >= 0 else "")
-    path.write_text(text.rstrip("\n") + "\n")
+    from benchmarks.results_md import replace_section
+    replace_section(path, SECTION, section, RESULTS_HEADER)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
