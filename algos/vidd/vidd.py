@@ -352,10 +352,17 @@ def vidd_update(student: nn.Module, optimizer: torch.optim.Optimizer, batch: VID
     An empty batch (a DDP rank whose share of the budget fitted nothing) takes zero-gradient steps, so that every
     rank steps as often as the others. Returns the metrics of the last step.
     """
+    return gradient_steps(student, optimizer, cfg, (lambda: vidd_loss(student, batch, cfg)) if len(batch) else None)
+
+
+def gradient_steps(student: nn.Module, optimizer: torch.optim.Optimizer, cfg: VIDDConfig,
+                   loss_fn: Callable[[], tuple[Tensor, dict]] | None) -> dict:
+    """``cfg.updates_per_batch`` clipped gradient steps on ``loss_fn()``; with no data (``loss_fn`` None) steps of
+    zero gradient through the student, so every DDP rank runs as many backward passes as the others."""
     metrics: dict = {}
     for _ in range(cfg.updates_per_batch):
-        if len(batch):
-            loss, metrics = vidd_loss(student, batch, cfg)
+        if loss_fn is not None:
+            loss, metrics = loss_fn()
         else:
             empty = torch.full((1, student.seq_len), student.mask_id, device=model_device(student))
             loss, metrics = student(empty).sum() * 0.0, {}

@@ -31,8 +31,8 @@ from torch import Tensor, nn
 from algos.vidd.config import VIDDConfig
 from algos.vidd.mdlm import x0_log_probs
 from algos.vidd.oracle import RewardFn, distinct_rows, largest_prefix_within
-from algos.vidd.sampling import model_device, step_times
-from algos.vidd.vidd import denoised_prediction, normalized_weights, weight_metrics
+from algos.vidd.sampling import step_times
+from algos.vidd.vidd import denoised_prediction, gradient_steps, normalized_weights, weight_metrics
 
 LOG_CLAMP = math.log(1e6)  # the released code clamps the value ratio to [1e-6, 1e6]
 
@@ -160,19 +160,10 @@ def x0_update(student: nn.Module, optimizer: torch.optim.Optimizer, batch: X0Bat
               pretrained: nn.Module | None = None) -> dict:
     """``updates_per_batch`` clipped gradient steps on DDPP's loss (when ``pretrained`` is given) or the final-sample
     weighted MLE; an empty batch takes zero-gradient steps (DDP ranks step together). Metrics of the last step."""
-    metrics: dict = {}
-    for _ in range(cfg.updates_per_batch):
-        if len(batch) and batch.valid.any():
-            loss, metrics = (ddpp_loss(student, pretrained, batch, cfg) if pretrained is not None
-                             else final_sample_loss(student, batch, cfg))
-        else:
-            empty = torch.full((1, student.seq_len), student.mask_id, device=model_device(student))
-            loss, metrics = student(empty).sum() * 0.0, {}
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        metrics["grad_norm"] = float(nn.utils.clip_grad_norm_(student.parameters(), cfg.grad_clip))
-        optimizer.step()
-    return metrics
+    def loss_fn() -> tuple[Tensor, dict]:
+        return (ddpp_loss(student, pretrained, batch, cfg) if pretrained is not None
+                else final_sample_loss(student, batch, cfg))
+    return gradient_steps(student, optimizer, cfg, loss_fn if len(batch) and batch.valid.any() else None)
 
 
 def value_model_role(method: str, cfg: VIDDConfig) -> str | None:

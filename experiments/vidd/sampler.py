@@ -211,14 +211,18 @@ class DiffusionSampler:
         out.update(queries=counter.n_queries, reward_info=dict(counter.info))
         return out
 
-    def _vidd(self, request: dict) -> dict:
-        n = int(request["n"])
+    def _rollin(self, request: dict, n: int):
+        """The request's generator, ``n`` roll-in trajectories of its model, the steps to distill and its counter."""
         generator = torch.Generator().manual_seed(int(request.get("seed", 0)))
         rollin = mdlm_sample(self._model(request.get("model", "teacher")), n, self.denoiser_cfg.seq_len, self.T,
                              generator, record_trajectory=True, schedule=self.schedule)
         k = request.get("steps_per_trajectory")
         steps = select_steps(n, self.T, None if k is None else int(k), generator)
-        counter = self._counter(request)
+        return generator, rollin, steps, self._counter(request)
+
+    def _vidd(self, request: dict) -> dict:
+        n = int(request["n"])
+        generator, rollin, steps, counter = self._rollin(request, n)
         batch, _ = collect_vidd_batch(
             self._model("teacher"), self._model(request.get("value_model", "teacher")), rollin.states, steps,
             counter, generator, self.schedule, max_queries=counter.remaining,
@@ -238,12 +242,7 @@ class DiffusionSampler:
 
     def _x0(self, request: dict) -> dict:
         n = int(request["n"])
-        generator = torch.Generator().manual_seed(int(request.get("seed", 0)))
-        rollin = mdlm_sample(self._model(request.get("model", "teacher")), n, self.denoiser_cfg.seq_len, self.T,
-                             generator, record_trajectory=True, schedule=self.schedule)
-        k = request.get("steps_per_trajectory")
-        steps = select_steps(n, self.T, None if k is None else int(k), generator)
-        counter = self._counter(request)
+        generator, rollin, steps, counter = self._rollin(request, n)
         role = request.get("value_model")
         batch, _ = collect_x0_batch(
             None if role is None else self._model(role), self.denoiser_cfg.vocab_size, rollin.states, steps, counter,
