@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import random
 
-from envs.reasoning.task import VARIABLE_NAMES, Problem, ReasoningTaskConfig, combine
+from envs.reasoning.task import Problem, ReasoningTaskConfig, combine, draw_inputs
 
 
 def cone_positions(num_steps: int, cone_fraction: float, rng: random.Random) -> list[int]:
@@ -30,13 +30,7 @@ def sample_cone_problem(cfg: ReasoningTaskConfig, rng: random.Random, num_steps:
     """One program of the ``cone`` or ``hub`` layout (module docstring) with ``num_steps`` computation steps."""
     if num_steps < 2:
         raise ValueError(f"cone and hub programs need at least 2 steps, got {num_steps}")
-    names = iter(VARIABLE_NAMES)
-    values: dict[str, int] = {}
-    inputs = []
-    for _ in range(cfg.num_inputs):
-        name = next(names)
-        values[name] = rng.randrange(cfg.modulus)
-        inputs.append((name, values[name]))
+    names, values, inputs = draw_inputs(cfg, rng)
     input_names = [name for name, _ in inputs]
     in_cone = set(cone_positions(num_steps, cfg.cone_fraction, rng))
     hub_index = (len(in_cone) - 1) // 2 if cfg.layout == "hub" else None

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Iterator, Sequence
 
 OPS = {"+": lambda x, y: x + y, "-": lambda x, y: x - y, "*": lambda x, y: x * y}
 ANSWER_PREFIX = "ans="
@@ -163,6 +163,19 @@ class Problem:
         return DELIMITER.join(self.solution_lines())
 
 
+def draw_inputs(cfg: "ReasoningTaskConfig",
+                rng: random.Random) -> tuple[Iterator[str], dict[str, int], list[tuple[str, int]]]:
+    """The program's input variables: (the iterator of names still free, values by name, [(name, value)])."""
+    names = iter(VARIABLE_NAMES)
+    values: dict[str, int] = {}
+    inputs = []
+    for _ in range(cfg.num_inputs):
+        name = next(names)
+        values[name] = rng.randrange(cfg.modulus)
+        inputs.append((name, values[name]))
+    return names, values, inputs
+
+
 def sample_problem(cfg: ReasoningTaskConfig, rng: random.Random, difficulty: int | None = None) -> Problem:
     """Draw one program. Chain layout: the query is the last computed variable, so the answer depends on the final
     step; cone and hub layouts: :func:`envs.reasoning.cone.sample_cone_problem`."""
@@ -172,13 +185,7 @@ def sample_problem(cfg: ReasoningTaskConfig, rng: random.Random, difficulty: int
     if cfg.layout != "chain":
         from envs.reasoning.cone import sample_cone_problem
         return sample_cone_problem(cfg, rng, num_steps)
-    names = iter(VARIABLE_NAMES)
-    values: dict[str, int] = {}
-    inputs = []
-    for _ in range(cfg.num_inputs):
-        name = next(names)
-        values[name] = rng.randrange(cfg.modulus)
-        inputs.append((name, values[name]))
+    names, values, inputs = draw_inputs(cfg, rng)
     defined = [name for name, _ in inputs]
     steps = []
     for _ in range(num_steps):
