@@ -16,6 +16,8 @@ What the pool guarantees (the README's pool section says the same):
   sampler's side effects (oracle calls, env steps) can happen twice. A request is run again after at most
   ``pool.max_retries`` worker deaths it was part of; then it fails with a :class:`SamplerError` naming it.
 - A sampler that raises fails the map at once (no retry) and frees every slot the map held.
+- Small requests travel in batches (``pool.batch_target_s``), so a map of many ms-long requests pays Ray's per-call
+  cost once per batch; a batch's results arrive together.
 - Results and weights never pass through the manager: results go from the worker to the driver by ObjectRef, and
   weights are put once by the publisher, which owns them (they live as long as the publishing process).
 - Clients take turns for free workers, so a driver with a long queue does not starve a small one.
@@ -145,11 +147,11 @@ class SharedPool:
                     sampler, config or {}, [pending[i] for i in order], weights,
                     None if affinity is None else [affinity[i] for i in order], self.client_id, self.scope)
                 for ref in stream:
-                    j, result_ref = ray.get(ref)
-                    result = ray.get(result_ref)
-                    i = order[j]
-                    del pending[i]
-                    yield i, result
+                    batch, results_ref = ray.get(ref)  # one worker call: several small requests, or one
+                    for j, result in zip(batch, ray.get(results_ref)):
+                        i = order[j]
+                        del pending[i]
+                        yield i, result
             except _MANAGER_GONE as err:
                 recoveries += 1
                 if recoveries > 3:

@@ -1,10 +1,12 @@
 """The pool's manager: one detached async actor that only schedules.
 
 It knows the sampler types (name -> factory, worker group), the published weights (key -> version, ObjectRef), the
-worker groups and their free slots. A request waits for a slot of its sampler's group: clients (drivers) take turns,
-each client's oldest request first, so a driver with 10,000 queued requests does not starve one with 10. The
-request runs on the worker; the manager reads only the worker's small ``(samples, seconds)`` reply and hands the
-result's ObjectRef to the caller, so no payload crosses the manager.
+worker groups and their free slots. A map's requests wait for slots of their sampler's group: clients (drivers) take
+turns, each client's oldest request first, so a driver with 10,000 queued requests does not starve one with 10. Each
+slot a map gets runs one worker call, which carries one request, or several small ones (``pool.batch_target_s``: as
+many as take ~50 ms at the sampler's recent speed, never more than a fair share of the map's remaining requests per
+slot). The manager reads only the worker's small ``(samples, seconds)`` reply and hands the results' ObjectRef to
+the caller, so no payload crosses the manager.
 
 A worker that dies mid-request is restarted (by Ray, or re-created here when it was killed for good) and the request
 runs again elsewhere; after ``max_retries`` such deaths caused by one request, the request fails with a
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 import uuid
 from collections import OrderedDict, defaultdict, deque
@@ -33,7 +36,7 @@ from cluster.connect import NAMESPACE
 from cluster.echo_sampler import BUILTIN_SAMPLERS
 from cluster.pool_config import DEFAULT_GROUP, PoolConfig, WorkerGroup
 from cluster.pool_metrics import PoolMetrics
-from cluster.pool_worker import PoolWorker, SamplerError
+from cluster.pool_worker import PoolWorker, SamplerError, request_summary, sampler_key
 
 log = logging.getLogger(__name__)
 
@@ -79,9 +82,6 @@ class Group:
 
     def any_free(self) -> bool:
         return any(a and busy < self.cfg.slots_per_worker for a, busy in zip(self.alive, self.inflight))
-
-    def queued(self) -> int:
-        return sum(len(q) for q in self.waiting.values())
 
     def dispatch(self) -> None:
         """Hand free slots to waiting requests: clients take turns, each client's oldest servable request first; only
@@ -136,6 +136,25 @@ class Group:
         self.dispatch()
 
 
+class _Map:
+    """One ``run`` call: its requests, the lanes of those not started yet (per preferred worker; None: any worker),
+    the launchers serving each lane, the deaths each request has seen, and the queue its finished calls arrive on."""
+
+    def __init__(self, sampler: str, factory: str, config: dict, requests: list[dict], weights: tuple | None,
+                 client: str, scope: str | None, group: str) -> None:
+        self.sampler, self.factory, self.config, self.requests = sampler, factory, config, requests
+        self.weights, self.client, self.scope, self.group = weights, client, scope, group
+        self.key = sampler_key(factory, config)
+        self.lanes: dict[int | None, deque[int]] = {}
+        self.launchers: dict[int, int] = {}  # id(lane) -> launchers serving it
+        self.deaths: dict[int, int] = {}
+        self.solo: set[int] = set()  # requests whose worker died under them: they run alone from then on
+        self.done: asyncio.Queue = asyncio.Queue()
+
+    def queued(self) -> int:
+        return sum(len(lane) for lane in self.lanes.values())
+
+
 @ray.remote(num_cpus=0, max_restarts=-1, max_task_retries=0, max_concurrency=10_000)
 class PoolManager:
     """Single controller of the pool (async actor: many callers, many in-flight requests)."""
@@ -147,8 +166,10 @@ class PoolManager:
         self.published: OrderedDict[str, tuple[int, ray.ObjectRef, str | None]] = OrderedDict()
         self.groups = {name: Group(self.cfg.name, name, g, self.cfg.max_samplers_per_worker,
                                    self.cfg.max_weights_per_worker) for name, g in self.cfg.worker_groups().items()}
-        self.counts: dict[str, Any] = {"requests": 0, "samples": 0, "retries": 0, "restarts": 0, "queued": 0,
-                                       "failed": 0}
+        self.counts: dict[str, Any] = {"requests": 0, "calls": 0, "samples": 0, "retries": 0, "restarts": 0,
+                                       "queued": 0, "failed": 0}
+        self.maps: dict[int, _Map] = {}  # the maps running now (their requests not yet started are the queue)
+        self.seconds_per_request: OrderedDict[str, float] = OrderedDict()  # per sampler and config: for batching
         self.per_sampler: dict[str, dict[str, float]] = defaultdict(
             lambda: {"requests": 0, "samples": 0, "busy_s": 0.0})
         self.clients: OrderedDict[str, float] = OrderedDict()  # client -> last seen
@@ -157,7 +178,7 @@ class PoolManager:
 
     # -- registry and weights --------------------------------------------------------------------------------------
     def _set_queued(self) -> None:
-        self.counts["queued"] = sum(g.queued() for g in self.groups.values())
+        self.counts["queued"] = sum(m.queued() for m in self.maps.values())
         self.metrics.queue_depth(self.counts["queued"])
 
     def _ensure_refresher(self) -> None:
@@ -246,62 +267,101 @@ class PoolManager:
         finally:
             g.release(w)
 
-    async def _run_one(self, i: int, sampler: str, request: dict, config: dict, weights: tuple | None,
-                       preferred: int | None, client: str, scope: str | None) -> tuple[int, ray.ObjectRef]:
-        factory, group = self.factories[sampler]
-        g = self.groups[group]
-        deaths = 0
-        while True:
-            w = await g.acquire(client, preferred)
-            self._set_queued()
-            meta_ref, data_ref = g.workers[w].run.remote(factory, config, request, weights, scope)
-            try:
-                n, seconds = await meta_ref
-            except asyncio.CancelledError:
-                # The map was abandoned (another of its requests failed, or its driver left) while the worker still
-                # runs this request: its slot comes back when the worker is done, not before and not never.
-                asyncio.get_running_loop().create_task(self._release_when_done(g, w, meta_ref))
-                raise
-            except (RayActorError, ActorUnavailableError) as err:
-                deaths += 1
-                self.counts["retries"] += 1
-                self.metrics.retry()
-                if g.alive[w]:
-                    g.alive[w] = False
-                    asyncio.get_running_loop().create_task(self._revive(g, w))
-                g.release(w)
-                if deaths > self.cfg.max_retries:
-                    self.counts["failed"] += 1
-                    raise SamplerError(
-                        f"request {i} of sampler {sampler!r} ({_summary(request)}) was running on a worker that died "
-                        f"{deaths} times (last: {type(err).__name__}); pool.max_retries={self.cfg.max_retries}, so it "
-                        f"is not run again (a request that kills its worker: out of memory, a crash in native code)"
-                    ) from None
-                log.warning("pool worker %s/%d died during request %d of %s: retrying elsewhere", group, w, i, sampler)
-                continue
-            except ray.exceptions.RayTaskError as err:
-                g.release(w)
-                self.counts["failed"] += 1
-                raise (err.cause if isinstance(err.cause, SamplerError) else SamplerError(str(err))) from None
-            except Exception:
-                g.release(w)
-                raise
-            g.release(w)
-            self._record(sampler, n, seconds)
-            return i, data_ref
+    def _batch_size(self, m: "_Map", lane: deque) -> int:
+        """How many of ``lane``'s requests the next call carries: about ``batch_target_s`` of work at this sampler's
+        recent seconds per request, at most ``max_batch``, and at most a fair share of what is left, so that batching
+        never leaves one of the map's workers idle while another holds a long batch."""
+        mean = self.seconds_per_request.get(m.key)
+        if not self.cfg.batch_target_s or mean is None:
+            return 1
+        fair = -(-len(lane) // m.launchers[id(lane)])
+        return max(1, min(int(self.cfg.batch_target_s / max(mean, 1e-6)), self.cfg.max_batch, fair))
 
-    def _record(self, sampler: str, n: int, seconds: float) -> None:
-        self.counts["requests"] += 1
+    def _learn_speed(self, key: str, requests: int, seconds: float) -> None:
+        per_request = seconds / requests
+        old = self.seconds_per_request.pop(key, per_request)
+        self.seconds_per_request[key] = 0.7 * old + 0.3 * per_request  # most recent last: LRU order
+        while len(self.seconds_per_request) > 1024:
+            self.seconds_per_request.popitem(last=False)
+
+    async def _launcher(self, m: "_Map", g: Group, lane: deque, preferred: int | None) -> None:
+        """Serve ``lane`` (a map's requests for one preferred worker, or for any) one slot at a time until it is empty;
+        each call's ``(request indices, result ref)`` goes to the map's ``done`` queue, an error ends the map."""
+        try:
+            while lane:
+                w = await g.acquire(m.client, preferred)
+                if not lane:  # another launcher of this map took the rest meanwhile
+                    g.release(w)
+                    return
+                batch = [lane.popleft()]
+                if batch[0] not in m.solo:
+                    for _ in range(self._batch_size(m, lane) - 1 if lane else 0):
+                        if not lane or lane[0] in m.solo:
+                            break
+                        batch.append(lane.popleft())
+                self._set_queued()
+                meta_ref, data_ref = g.workers[w].run.remote(m.factory, m.config, [m.requests[i] for i in batch],
+                                                             m.weights, m.scope)
+                try:
+                    n, seconds = await meta_ref
+                except asyncio.CancelledError:
+                    # The map was abandoned (another of its requests failed, or its driver left) while the worker
+                    # still runs this call: its slot comes back when the worker is done, not before and not never.
+                    asyncio.get_running_loop().create_task(self._release_when_done(g, w, meta_ref))
+                    raise
+                except (RayActorError, ActorUnavailableError) as err:
+                    self._worker_died(m, g, w, batch, lane, err)
+                    continue
+                except ray.exceptions.RayTaskError as err:
+                    g.release(w)
+                    self.counts["failed"] += 1
+                    raise (err.cause if isinstance(err.cause, SamplerError) else SamplerError(str(err))) from None
+                except Exception:
+                    g.release(w)
+                    raise
+                g.release(w)
+                self._record(m, len(batch), n, seconds)
+                m.done.put_nowait((batch, data_ref))
+        except asyncio.CancelledError:
+            raise
+        except BaseException as err:  # noqa: BLE001 - the map's generator re-raises it to the caller
+            m.done.put_nowait(err)
+
+    def _worker_died(self, m: "_Map", g: Group, w: int, batch: list[int], lane: deque, err: Exception) -> None:
+        """A call's worker died: its requests go back to the front of their lane to run alone (so a request that
+        kills its worker takes no neighbour down twice), or fail once one of them has died ``max_retries`` + 1 times."""
+        self.counts["retries"] += 1
+        self.metrics.retry()
+        if g.alive[w]:
+            g.alive[w] = False
+            asyncio.get_running_loop().create_task(self._revive(g, w))
+        g.release(w)  # after it is marked dead: the slot must not go to a waiting request
+        for i in batch:
+            m.deaths[i] = m.deaths.get(i, 0) + 1
+            if m.deaths[i] > self.cfg.max_retries:
+                self.counts["failed"] += 1
+                raise SamplerError(
+                    f"request {i} of sampler {m.sampler!r} ({request_summary(m.requests[i])}) was running on a worker that "
+                    f"died {m.deaths[i]} times (last: {type(err).__name__}); pool.max_retries={self.cfg.max_retries}, "
+                    f"so it is not run again (a request that kills its worker: out of memory, a crash in native code)")
+        m.solo.update(batch)
+        lane.extendleft(reversed(batch))
+        log.warning("pool worker %s/%d died during requests %s of %s: retrying elsewhere", g.name, w, batch, m.sampler)
+
+    def _record(self, m: "_Map", requests: int, n: int, seconds: float) -> None:
+        self.counts["requests"] += requests
+        self.counts["calls"] += 1
         self.counts["samples"] += n
-        stats = self.per_sampler[sampler]
-        stats["requests"] += 1
+        stats = self.per_sampler[m.sampler]
+        stats["requests"] += requests
         stats["samples"] += n
         stats["busy_s"] += seconds
-        self.metrics.served(sampler, n, seconds)
+        self._learn_speed(m.key, requests, seconds)
+        self.metrics.served(m.sampler, n, seconds)
 
     async def run(self, sampler: str, config: dict, requests: list[dict], weights_key: str | None = None,
                   affinity: list[int] | None = None, client: str = "anonymous", scope: str | None = None):
-        """Streaming generator: yields ``(request_index, result ObjectRef)`` as each request finishes."""
+        """Streaming generator: yields ``(request indices, ObjectRef of their results)`` as each call finishes."""
         self._ensure_refresher()
         if sampler not in self.factories:
             raise UnknownName(f"unknown sampler {sampler!r}; registered: {sorted(self.factories)}")
@@ -317,15 +377,32 @@ class PoolManager:
         self.clients.move_to_end(client)
         while len(self.clients) > 1000:
             self.clients.popitem(last=False)
-        tasks = [asyncio.ensure_future(self._run_one(i, sampler, req, config, weights,
-                                                     None if affinity is None else affinity[i], client, scope))
-                 for i, req in enumerate(requests)]
+        factory, group = self.factories[sampler]
+        g = self.groups[group]
+        m = _Map(sampler, factory, config, requests, weights, client, scope, group)
+        for i in range(len(requests)):
+            preferred = None if affinity is None else affinity[i] % len(g.workers)
+            m.lanes.setdefault(preferred, deque()).append(i)
+        launchers = []
+        for preferred, lane in m.lanes.items():
+            slots = g.cfg.slots_per_worker * (1 if preferred is not None else len(g.workers))
+            m.launchers[id(lane)] = min(slots, len(lane))
+            launchers += [asyncio.ensure_future(self._launcher(m, g, lane, preferred))
+                          for _ in range(m.launchers[id(lane)])]
+        self.maps[id(m)] = m
+        self._set_queued()
         try:
-            for fut in asyncio.as_completed(tasks):
-                yield await fut
+            remaining = len(requests)
+            while remaining:
+                item = await m.done.get()
+                if isinstance(item, BaseException):
+                    raise item
+                remaining -= len(item[0])
+                yield item
         finally:
-            for t in tasks:
+            for t in launchers:
                 t.cancel()
+            del self.maps[id(m)]
             self._set_queued()
 
     # -- inspection ------------------------------------------------------------------------------------------------
@@ -338,10 +415,10 @@ class PoolManager:
                 except Exception as err:  # noqa: BLE001 - a dying worker must not break monitoring
                     worker_stats.append({"group": g.name, "index": i, "error": repr(err)})
         default = self.groups[DEFAULT_GROUP]
-        return {**self.counts, "name": self.cfg.name, "incarnation": self.incarnation,
+        return {**self.counts, "name": self.cfg.name, "incarnation": self.incarnation, "pid": os.getpid(),
                 "num_workers": sum(len(g.workers) for g in self.groups.values()),
                 "alive": list(default.alive), "inflight": list(default.inflight),
-                "groups": {n: {"alive": list(g.alive), "inflight": list(g.inflight), "queued": g.queued()}
+                "groups": {n: {"alive": list(g.alive), "inflight": list(g.inflight), "queued": sum(m.queued() for m in self.maps.values() if m.group == n)}
                            for n, g in self.groups.items()},
                 "uptime_s": time.time() - self.started, "clients": len(self.clients),
                 "per_sampler": {k: dict(v) for k, v in self.per_sampler.items()},
@@ -357,7 +434,3 @@ class PoolManager:
             for w in g.workers:
                 ray.kill(w, no_restart=True)
 
-
-def _summary(request: dict, limit: int = 160) -> str:
-    text = repr({k: v for k, v in request.items() if not isinstance(v, (bytes, bytearray))})
-    return text if len(text) <= limit else text[:limit] + "...}"

@@ -6,8 +6,9 @@ used first out) and a run's entries are dropped when the run releases its scope,
 runs and trials does not grow. With ``slots`` > 1 the worker serves that many requests at once in threads (useful
 for samplers that release the GIL); requests for the same sampler still run one at a time.
 
-``run`` returns two objects: a small ``(num_samples, seconds)`` that the manager reads to schedule, and the result,
-which only the driver fetches (the manager never deserialises a payload).
+``run`` takes a batch of requests (the manager batches small ones) and returns two objects: a small
+``(num_samples, seconds)`` that the manager reads to schedule, and the list of results, which only the driver fetches
+(the manager never deserialises a payload).
 """
 from __future__ import annotations
 
@@ -126,11 +127,13 @@ class PoolWorker:
 
     # -- requests --------------------------------------------------------------------------------------------------
     @ray.method(num_returns=2)
-    def run(self, factory: str, config: dict, request: dict, weights: tuple | None,
-            scope: str | None = None) -> tuple[tuple[int, float], Any]:
+    def run(self, factory: str, config: dict, requests: list[dict], weights: tuple | None,
+            scope: str | None = None) -> tuple[tuple[int, float], list[Any]]:
+        """Run a batch of requests one after the other on one sampler; returns ``((samples, seconds), results)``."""
         start = time.perf_counter()
         with self.lock:
-            self.requests += 1
+            self.requests += len(requests)
+        results, request = [], None
         try:
             cached = self._sampler(factory, config, scope)
             with cached.lock:
@@ -140,12 +143,20 @@ class PoolWorker:
                         value = self._weights(key, incarnation, version, boxed, weights_scope)
                         cached.sampler.load_weights(value, version)
                         cached.weights = (key, incarnation, version)
-                result = cached.sampler.sample(request)
+                for request in requests:
+                    results.append(cached.sampler.sample(request))
         except Exception as err:  # noqa: BLE001 - reported to the caller with the sampler's own traceback
-            raise SamplerError(f"sampler {factory} failed on worker {self.group}/{self.index}: {err!r}\n"
+            raise SamplerError(f"sampler {factory} failed on worker {self.group}/{self.index}"
+                               f"{'' if request is None else ' on request ' + request_summary(request)}: {err!r}\n"
                                f"{traceback.format_exc()}") from None
-        n = result.get("num_samples", 1) if isinstance(result, dict) else 1
-        return (int(n), time.perf_counter() - start), result
+        n = sum(r.get("num_samples", 1) if isinstance(r, dict) else 1 for r in results)
+        return (int(n), time.perf_counter() - start), results
+
+
+def request_summary(request: dict, limit: int = 160) -> str:
+    """A request as an error message shows it: its small fields, cut at ``limit`` characters."""
+    text = repr({k: v for k, v in request.items() if not isinstance(v, (bytes, bytearray))})
+    return text if len(text) <= limit else text[:limit] + "...}"
 
 
 def _close(sampler: Any) -> None:

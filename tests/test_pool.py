@@ -230,3 +230,28 @@ def test_slots_per_worker_run_requests_concurrently(pool_factory):
     start = time.monotonic()
     [p.result(timeout=30) for p in both]
     assert time.monotonic() - start < 1.8, "two 1 s requests on one worker with 2 slots must overlap"
+
+
+def test_small_requests_travel_in_batches_over_every_worker(pool_factory):
+    pool = pool_factory(num_workers=2)
+    pool.map("echo", [{"i": i} for i in range(4)])  # the manager learns that echo requests take microseconds
+    before = pool.stats()
+    out = pool.map("echo", [{"i": i} for i in range(200)])
+    after = pool.stats()
+    assert [r["request"]["i"] for r in out] == list(range(200)), "every result once, in request order"
+    calls = after["calls"] - before["calls"]
+    assert after["requests"] - before["requests"] == 200
+    assert calls <= 200 // 4, f"200 tiny requests took {calls} worker calls: not batched"
+    assert len({r["pid"] for r in out}) == 2, "a batch must not hold a map's work away from an idle worker"
+    # two requests on two workers stay on two workers (a fair share per slot caps the batch)
+    assert len({r["pid"] for r in pool.map("echo", [{"sleep_s": 0.3}] * 2)}) == 2
+
+
+def test_a_request_that_kills_its_batch_is_isolated_and_named(pool_factory):
+    """A batch of small requests dies with its worker: its requests run again alone, so the one that kills
+    workers is the one named when the retry bound is reached, and its neighbours are not charged for it."""
+    pool = pool_factory(num_workers=1, max_retries=1)
+    pool.map("echo", [{}] * 4)  # learned: echo requests are tiny, so the next map is batched
+    with pytest.raises(SamplerError, match=r"request 5 of sampler 'echo' .*'exit': True.* died 2 times"):
+        _map_within(pool, [{"i": i} for i in range(5)] + [{"exit": True}] + [{"i": 6}], timeout_s=120)
+    assert pool.stats()["retries"] == 2, "one death of the batch, one of the killer running alone"

@@ -1,6 +1,7 @@
-"""The rollout's direct path (a batch of actions rescaled at once, the lean env stepped without wrappers and info
-dicts) returns exactly what stepping every env through its wrappers returns: observations, rewards, episode ends,
-physics state, episode statistics, bit for bit, over episodes that end and reset."""
+"""The rollout's direct path (a batch of actions rescaled at once, the lean envs stepped as one batch without wrappers
+and info dicts) returns what stepping every env through its wrappers returns, over episodes that end and reset:
+observations, actions, episode ends and physics state bit for bit; rewards and returns to rounding (the batch sums
+mass centres and squared norms with numpy's batched kernels)."""
 from __future__ import annotations
 
 import numpy as np
@@ -26,8 +27,13 @@ def test_direct_path_equals_the_wrapped_path(task, physics_state, change):
         batch_b, stats_b = wrapped.collect(b, 60)
         assert batch_a.keys() == batch_b.keys()
         for key in batch_a:
-            np.testing.assert_array_equal(batch_a[key], batch_b[key], err_msg=key)
-        assert stats_a == stats_b and len(stats_a.returns) > 0, "some episodes must end and reset"
+            if key == "reward":
+                np.testing.assert_allclose(batch_a[key], batch_b[key], rtol=1e-6, atol=1e-6, err_msg=key)  # float32
+            else:
+                np.testing.assert_array_equal(batch_a[key], batch_b[key], err_msg=key)
+        np.testing.assert_allclose(stats_a.returns, stats_b.returns, rtol=1e-12)
+        assert (stats_a.lengths, stats_a.terminations) == (stats_b.lengths, stats_b.terminations)
+        assert len(stats_a.returns) > 0, "some episodes must end and reset"
 
 
 def test_a_wrapper_that_changes_steps_takes_the_full_path():

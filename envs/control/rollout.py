@@ -13,6 +13,7 @@ from typing import Callable
 import gymnasium as gym
 import numpy as np
 
+from envs.control.fast_mujoco import FastHumanoid, step_batch
 from envs.control.tasks import make_vector_env
 
 Policy = Callable[[np.ndarray], np.ndarray]
@@ -70,6 +71,10 @@ class VectorRollout:
         self.total_steps = 0
         direct = [_direct_stepper(env) for env in self.envs.envs]
         self.direct = direct if all(d is not None for d in direct) else None
+        # one batched step for the whole vector when every env is a FastHumanoid with the same reward terms
+        bases = [base for base, _ in self.direct] if self.direct else []
+        self.batched = bool(bases) and all(type(b) is FastHumanoid for b in bases) and len(
+            {b.reward_params() for b in bases}) == 1
 
     @property
     def single_action_space(self) -> gym.Space:
@@ -119,8 +124,11 @@ class VectorRollout:
                 qpos_out[t], qvel_out[t] = qpos, qvel
             if self.direct is not None:
                 ctrl = rescale(action)  # the whole batch at once, RescaleAction's own arithmetic
-                for i, step_into in enumerate(steppers):
-                    rewards[t, i], terminated[t, i], truncated[t, i] = step_into(ctrl[i], next_obs[t, i])
+                if self.batched:
+                    step_batch(bases, ctrl, next_obs[t], rewards[t], terminated[t], truncated[t])
+                else:
+                    for i, step_into in enumerate(steppers):
+                        rewards[t, i], terminated[t, i], truncated[t, i] = step_into(ctrl[i], next_obs[t, i])
                 if self.physics_state:
                     for i, base in enumerate(bases):
                         data = base.data
