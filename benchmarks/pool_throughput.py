@@ -598,6 +598,18 @@ def ratios(rows: list[Row], info: dict) -> list[str]:
                f"per CPU-s = {p1.per_worker_cpu_s / d.per_cpu_s:.2f}x (d); the rest (driver, manager, Ray's own "
                f"processes, idle worker) brings it to {p1.per_cpu_s:.0f}; idle, this driver and Ray's processes use "
                f"{info['ray_idle_cores']:.2f} cores")
+    idle = info["ray_idle_cores"]
+    ceilings = []
+    for n in info["cores"]:
+        # no pool can step faster than (d) per CPU-second, and each of its N cores also pays 1/N of the node's
+        # idle background (Ray's own processes, the driver, idle actors): the most this machine lets a pool show
+        ceiling = (d.per_cpu_s / by[f"c{n}"].per_cpu_s) / (1 + idle / n)
+        reached = by[f"pool{n}-{big}"].per_cpu_s / by[f"c{n}"].per_cpu_s
+        ceilings.append(f"{n} worker(s): ceiling {ceiling:.2f}, reached {reached:.2f} ({reached / ceiling:.0%} of it)")
+    out.append(f"the ceiling for {big} requests here, (d)/(c) / (1 + idle cores / N workers): " + "; ".join(ceilings)
+               + f"; a node with 8 workers would have {(d.per_cpu_s / c1.per_cpu_s) / (1 + idle / 8):.2f} and 16 "
+               f"{(d.per_cpu_s / c1.per_cpu_s) / (1 + idle / 16):.2f} (not measured: this machine has "
+               f"{os.cpu_count()} cores)")
     if 2 in info["cores"]:
         p2 = by[f"pool2-{big}"]
         out.append(f"scaling 1 -> 2 workers: {p2.median / p1.median:.2f}x (bare physics 1 -> 2 processes: "
