@@ -87,9 +87,13 @@ class Row:
     request: str = "-"
     runs: list[Measurement] = field(default_factory=list)
 
+    def median_of(self, name: str) -> float:
+        """The median over repeats of one Measurement field."""
+        return statistics.median(getattr(m, name) for m in self.runs)
+
     @property
     def median(self) -> float:
-        return statistics.median(m.steps_per_s for m in self.runs)
+        return self.median_of("steps_per_s")
 
     @property
     def per_core(self) -> float:
@@ -97,31 +101,7 @@ class Row:
 
     @property
     def per_cpu_s(self) -> float:
-        return statistics.median(m.steps_per_cpu_s for m in self.runs)
-
-    @property
-    def per_worker_cpu_s(self) -> float:
-        return statistics.median(m.worker_steps_per_cpu_s for m in self.runs)
-
-    @property
-    def episode_length(self) -> float:
-        return statistics.median(m.episode_length for m in self.runs)
-
-    @property
-    def manager_ms_per_request(self) -> float:
-        return statistics.median(m.manager_ms_per_request for m in self.runs)
-
-    @property
-    def result_mb_per_request(self) -> float:
-        return statistics.median(m.result_mb_per_request for m in self.runs)
-
-    @property
-    def rest_ms_per_request(self) -> float:
-        return statistics.median(m.rest_ms_per_request for m in self.runs)
-
-    @property
-    def requests_per_call(self) -> float:
-        return statistics.median(m.requests_per_call for m in self.runs)
+        return self.median_of("steps_per_cpu_s")
 
 
 # -- CPU accounting ------------------------------------------------------------------------------------------------
@@ -549,7 +529,7 @@ def table(rows: list[Row]) -> str:
         runs = ", ".join(f"{m.steps_per_s:.0f}" for m in r.runs)
         lines.append(f"| {r.label} | {r.request} | {r.cores} | {r.median:.0f} | {r.per_core:.0f} | "
                      f"{r.per_core / c.per_core:.2f} | {r.per_cpu_s:.0f} | {r.per_cpu_s / c.per_cpu_s:.2f} | {runs} | "
-                     f"{r.episode_length:.1f} |")
+                     f"{r.median_of('episode_length'):.1f} |")
     return "\n".join(lines)
 
 
@@ -559,8 +539,10 @@ def manager_table(rows: list[Row], info: dict) -> str:
              "|---|---|---|---|---|---|"]
     for r in rows:
         if r.key.startswith("pool"):
-            lines.append(f"| {r.label} | {r.request} | {r.result_mb_per_request:.2f} | {r.requests_per_call:.1f} | "
-                         f"{r.manager_ms_per_request:.2f} | {r.rest_ms_per_request:.2f} |")
+            cells = [f"{r.median_of(name):{fmt}}" for name, fmt in (
+                ("result_mb_per_request", ".2f"), ("requests_per_call", ".1f"), ("manager_ms_per_request", ".2f"),
+                ("rest_ms_per_request", ".2f"))]
+            lines.append(f"| {r.label} | {r.request} | " + " | ".join(cells) + " |")
     lines += ["", "| routing (no-op echo requests) | batching | requests/s (median) | runs |", "|---|---|---|---|"]
     for (d, batched), rates in info["routing"].items():
         lines.append(f"| {d} driver process(es) | {'on (default)' if batched else 'off'} | "
@@ -594,8 +576,9 @@ def ratios(rows: list[Row], info: dict) -> list[str]:
                f"pool 1 worker/(d) = {p1.per_cpu_s / d.per_cpu_s:.2f} (Ray: per-request cost, result transfer, "
                f"driver, manager and Ray's own processes); wall clock: {a.median / c1.median:.2f}, "
                f"{e.median / c1.median:.2f}, {d.median / e.median:.2f}, {p1.median / d.median:.2f}")
-    out.append(f"the pool's CPU beyond stepping: its worker process alone does {p1.per_worker_cpu_s:.0f} env steps "
-               f"per CPU-s = {p1.per_worker_cpu_s / d.per_cpu_s:.2f}x (d); the rest (driver, manager, Ray's own "
+    worker = p1.median_of("worker_steps_per_cpu_s")
+    out.append(f"the pool's CPU beyond stepping: its worker process alone does {worker:.0f} env steps "
+               f"per CPU-s = {worker / d.per_cpu_s:.2f}x (d); the rest (driver, manager, Ray's own "
                f"processes, idle worker) brings it to {p1.per_cpu_s:.0f}; idle, this driver and Ray's processes use "
                f"{info['ray_idle_cores']:.2f} cores")
     idle = info["ray_idle_cores"]

@@ -341,9 +341,10 @@ class PoolManager:
             if m.deaths[i] > self.cfg.max_retries:
                 self.counts["failed"] += 1
                 raise SamplerError(
-                    f"request {i} of sampler {m.sampler!r} ({request_summary(m.requests[i])}) was running on a worker that "
-                    f"died {m.deaths[i]} times (last: {type(err).__name__}); pool.max_retries={self.cfg.max_retries}, "
-                    f"so it is not run again (a request that kills its worker: out of memory, a crash in native code)")
+                    f"request {i} of sampler {m.sampler!r} ({request_summary(m.requests[i])}) was running on a worker "
+                    f"that died {m.deaths[i]} times (last: {type(err).__name__}); "
+                    f"pool.max_retries={self.cfg.max_retries}, so it is not run again (a request that kills its "
+                    f"worker: out of memory, a crash in native code)")
         m.solo.update(batch)
         lane.extendleft(reversed(batch))
         log.warning("pool worker %s/%d died during requests %s of %s: retrying elsewhere", g.name, w, batch, m.sampler)
@@ -418,7 +419,8 @@ class PoolManager:
         return {**self.counts, "name": self.cfg.name, "incarnation": self.incarnation, "pid": os.getpid(),
                 "num_workers": sum(len(g.workers) for g in self.groups.values()),
                 "alive": list(default.alive), "inflight": list(default.inflight),
-                "groups": {n: {"alive": list(g.alive), "inflight": list(g.inflight), "queued": sum(m.queued() for m in self.maps.values() if m.group == n)}
+                "groups": {n: {"alive": list(g.alive), "inflight": list(g.inflight),
+                               "queued": sum(m.queued() for m in self.maps.values() if m.group == n)}
                            for n, g in self.groups.items()},
                 "uptime_s": time.time() - self.started, "clients": len(self.clients),
                 "per_sampler": {k: dict(v) for k, v in self.per_sampler.items()},

@@ -116,7 +116,8 @@ def test_collect_as_a_submitted_job_with_token_auth(cluster):
 
 def test_tour_every_method_with_ddp_learners_on_one_pool(cluster):
     """The main job at rehearsal structure: LIFT (pretrain -> finetune), VIDD and AttnRL drivers at once, each learner
-    2 DDP replicas asking for GPUs, on one pool spread over the nodes; the replicas end identical."""
+    2 DDP replicas asking for GPUs, on one pool spread over the nodes; the replicas end identical, and each LIFT
+    finetuning rank keeps (and checkpoints) its own real env shard."""
     from cluster.metrics import read_metrics
     from tests.test_tour import TINY, check_tour
     cluster.run("experiment=tour", "run_name=t", *TINY, timeout=1500)
@@ -128,6 +129,13 @@ def test_tour_every_method_with_ddp_learners_on_one_pool(cluster):
     for experiment, methods in (("lift_finetune", ("lift", "sac_finetune")), ("vidd_molecule", ("vidd",))):
         df = read_metrics(runs / experiment / experiment).dropna(subset=["param_max_abs_diff"])
         assert len(df) >= len(methods) and (df["param_max_abs_diff"] == 0.0).all(), (experiment, df)
+    # LIFT finetuning: each rank has its own real env shard, world model and replay, and checkpoints its own file
+    import torch
+    for method in ("lift", "sac_finetune"):
+        ckpt = RunDir(runs / "lift_finetune" / "lift_finetune").learner_checkpoints(f"learner-{method}")[-1]
+        ranks = [torch.load(ckpt / f"rank{r}.pt", weights_only=True) for r in (0, 1)]
+        assert all(r["real_buffer"]["size"] == 300 for r in ranks), "each rank keeps its own shard's 300 steps"
+        assert not torch.equal(ranks[0]["real_buffer"]["storage"]["obs"], ranks[1]["real_buffer"]["storage"]["obs"])
     for method in ("attnrl", "grpo"):
         last = RunDir(runs / "attnrl" / "attnrl").learner_checkpoints(f"learner-{method}")[-1]
         shards = [json.loads((last / f"rank{r}.json").read_text()) for r in (0, 1)]

@@ -207,7 +207,7 @@ def _pbt_trial(params: dict, root: str) -> None:
     record = tune_trial.trial_checkpoint()
     if record is not None:
         tune_trial.start_from(record, run, run / "checkpoints")
-    tune_trial.run_in_trial(lambda: fit(_counting_learner, {"lr": params["lr"], "steps": 6 if record is None else 2,
+    tune_trial.run_in_trial(lambda: fit(_counting_learner, {"lr": params["lr"], "steps": 4 if record is None else 2,
                                                                "root": root, "trial": run.name},
                                         name="learner", storage_path=run / "checkpoints",
                                         train=TrainConfig(num_workers=1, cpus_per_worker=0.25)), run_path=run)
@@ -241,4 +241,4 @@ def test_pbt_exploit_moves_the_learner_state(ray_cluster, tmp_path):
         written_by = {s["trial"] for s in states if (s["step"], s["value"]) == (start["step"], start["value"])}
         assert written_by - {start["trial"]}, (start, states)
     for name, df in ((r.metrics_dataframe["trial_id"].iloc[0], r.metrics_dataframe) for r in results):
-        assert not df.empty and df["step"].iloc[-1] >= 6, (name, df[["step", "value"]].values.tolist())
+        assert not df.empty and df["step"].iloc[-1] >= 4, (name, df[["step", "value"]].values.tolist())
