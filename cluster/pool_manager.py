@@ -146,7 +146,7 @@ class _Map:
         self.weights, self.client, self.scope, self.group = weights, client, scope, group
         self.key = sampler_key(factory, config)
         self.lanes: dict[int | None, deque[int]] = {}
-        self.launchers: dict[int, int] = {}  # id(lane) -> launchers serving it
+        self.launchers: dict[int | None, int] = {}  # preferred worker -> launchers serving its lane
         self.deaths: dict[int, int] = {}
         self.solo: set[int] = set()  # requests whose worker died under them: they run alone from then on
         self.done: asyncio.Queue = asyncio.Queue()
@@ -267,14 +267,14 @@ class PoolManager:
         finally:
             g.release(w)
 
-    def _batch_size(self, m: "_Map", lane: deque) -> int:
-        """How many of ``lane``'s requests the next call carries: about ``batch_target_s`` of work at this sampler's
+    def _batch_size(self, m: "_Map", preferred: int | None) -> int:
+        """How many of the lane's requests the next call carries: about ``batch_target_s`` of work at this sampler's
         recent seconds per request, at most ``max_batch``, and at most a fair share of what is left, so that batching
         never leaves one of the map's workers idle while another holds a long batch."""
         mean = self.seconds_per_request.get(m.key)
         if not self.cfg.batch_target_s or mean is None:
             return 1
-        fair = -(-len(lane) // m.launchers[id(lane)])
+        fair = -(-len(m.lanes[preferred]) // m.launchers[preferred])
         return max(1, min(int(self.cfg.batch_target_s / max(mean, 1e-6)), self.cfg.max_batch, fair))
 
     def _learn_speed(self, key: str, requests: int, seconds: float) -> None:
@@ -284,9 +284,11 @@ class PoolManager:
         while len(self.seconds_per_request) > 1024:
             self.seconds_per_request.popitem(last=False)
 
-    async def _launcher(self, m: "_Map", g: Group, lane: deque, preferred: int | None) -> None:
-        """Serve ``lane`` (a map's requests for one preferred worker, or for any) one slot at a time until it is empty;
-        each call's ``(request indices, result ref)`` goes to the map's ``done`` queue, an error ends the map."""
+    async def _launcher(self, m: "_Map", g: Group, preferred: int | None) -> None:
+        """Serve the map's lane for ``preferred`` (its requests for that worker; None: for any) one slot at a time until
+        it is empty; each call's ``(request indices, result ref)`` goes to the map's ``done`` queue, an error ends the
+        map."""
+        lane = m.lanes[preferred]
         try:
             while lane:
                 w = await g.acquire(m.client, preferred)
@@ -295,7 +297,7 @@ class PoolManager:
                     return
                 batch = [lane.popleft()]
                 if batch[0] not in m.solo:
-                    for _ in range(self._batch_size(m, lane) - 1 if lane else 0):
+                    for _ in range(self._batch_size(m, preferred) - 1 if lane else 0):
                         if not lane or lane[0] in m.solo:
                             break
                         batch.append(lane.popleft())
@@ -387,9 +389,8 @@ class PoolManager:
         launchers = []
         for preferred, lane in m.lanes.items():
             slots = g.cfg.slots_per_worker * (1 if preferred is not None else len(g.workers))
-            m.launchers[id(lane)] = min(slots, len(lane))
-            launchers += [asyncio.ensure_future(self._launcher(m, g, lane, preferred))
-                          for _ in range(m.launchers[id(lane)])]
+            m.launchers[preferred] = min(slots, len(lane))
+            launchers += [asyncio.ensure_future(self._launcher(m, g, preferred)) for _ in range(m.launchers[preferred])]
         self.maps[id(m)] = m
         self._set_queued()
         try:
