@@ -150,3 +150,47 @@ def test_paper_scale_fits_the_declared_gpu_nodes(nodes):
     assert _fits(demand, [n for n in nodes if n.get("GPU", 0) > 0][:1]), "one GPU node should hold a paper run"
     assert not _fits(demand, [n for n in nodes if n.get("GPU", 0) == 0]), "paper scale must need the GPU nodes"
     assert _fits(_demand("smoke"), [{"CPU": 2, "GPU": 0}]), "smoke scale must fit a 2-core laptop"
+
+
+def test_free_ports_are_distinct_bindable_and_never_handed_out_twice():
+    """A node's ports are picked together while their sockets are held, so none repeats within a node (two Ray
+    components on one port made `ray start` refuse), nor across the nodes this process starts."""
+    import socket
+
+    from cluster.deploy.local import free_ports
+    first, second = free_ports(64), free_ports(64)
+    assert len(set(first)) == 64 and len(set(second)) == 64
+    assert not set(first) & set(second), "a port handed out once is not handed out again"
+    for port in first:  # nothing keeps them: each can be bound by the node that gets it
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind(("", port))
+
+
+def test_free_ports_differ_even_when_the_os_reuses_a_closed_port(monkeypatch):
+    """An OS that hands out the lowest port not bound right now (Linux may reuse a just-closed ephemeral port): ports
+    picked one socket at a time would all be equal."""
+    import cluster.deploy.local as local
+
+    bound: set[int] = set()
+
+    class ReusingSocket:
+        def __init__(self, *args):
+            self.port = None
+
+        def bind(self, address):
+            self.port = min(set(range(40000, 40100)) - bound)
+            bound.add(self.port)
+
+        def getsockname(self):
+            return ("0.0.0.0", self.port)
+
+        def close(self):
+            bound.discard(self.port)
+
+    import types
+    fake_os = types.SimpleNamespace(socket=ReusingSocket, AF_INET=None, SOCK_STREAM=None)
+    monkeypatch.setattr(local, "socket", fake_os)  # only local.py sees it, not Ray's sockets in this process
+    monkeypatch.setattr(local, "_handed_out", set())
+    ports = local.free_ports(12)
+    assert len(set(ports)) == 12, ports
+    assert not set(local.free_ports(12)) & set(ports), "the second node gets other ports than the first"

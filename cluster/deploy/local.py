@@ -37,11 +37,34 @@ _NODE_PORTS = ("node_manager", "object_manager", "dashboard_agent_listen", "dash
 _HEAD_PORTS = ("gcs", "dashboard", "ray_client_server")
 
 
+_handed_out: set[int] = set()  # ports this process gave away: a node may not have bound them yet
+
+
+def free_ports(n: int) -> list[int]:
+    """``n`` distinct TCP ports nobody listens on right now, none handed out before by this process.
+
+    All sockets stay bound until every port is picked: ports picked one at a time can repeat (the OS may hand the
+    same ephemeral port out again once its socket is closed), and a node started with two equal ports fails."""
+    held: list[socket.socket] = []
+    try:
+        ports: list[int] = []
+        while len(ports) < n:
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            held.append(s)
+            s.bind(("", 0))
+            port = s.getsockname()[1]
+            if port not in _handed_out:
+                ports.append(port)
+        _handed_out.update(ports)
+        return ports
+    finally:
+        for s in held:
+            s.close()
+
+
 def free_port() -> int:
     """A TCP port nobody listens on right now (the OS picks it)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("", 0))
-        return s.getsockname()[1]
+    return free_ports(1)[0]
 
 
 def ray_executable() -> str:
@@ -82,7 +105,8 @@ class LocalNode:
              resources: dict[str, float] | None = None, token: str | None = None,
              object_store_mb: int = 256, env: dict[str, str] | None = None, timeout_s: float = 120.0) -> "LocalNode":
         """Start a head node with a dashboard on 127.0.0.1 and wait until its dashboard answers."""
-        ports = {name: free_port() for name in _HEAD_PORTS + _NODE_PORTS + ("dashboard_metrics", "autoscaler_metrics")}
+        names = _HEAD_PORTS + _NODE_PORTS + ("dashboard_metrics", "autoscaler_metrics")
+        ports = dict(zip(names, free_ports(len(names))))
         # The head's own metrics servers have fixed default ports (44227, 44217): give them free ones too.
         env = {"DASHBOARD_METRIC_PORT": str(ports["dashboard_metrics"]),
                "AUTOSCALER_METRIC_PORT": str(ports["autoscaler_metrics"]), **(env or {})}
@@ -101,7 +125,7 @@ class LocalNode:
                resources: dict[str, float] | None = None, object_store_mb: int = 256,
                timeout_s: float = 120.0) -> "LocalNode":
         """Join ``head`` as another node (its own temp dir and ports); returns once the cluster lists it."""
-        ports = {name: free_port() for name in _NODE_PORTS}
+        ports = dict(zip(_NODE_PORTS, free_ports(len(_NODE_PORTS))))
         before = head.alive_nodes()
         token = head.env.get("RAY_AUTH_TOKEN")
         node = cls._start(temp_dir, [f"--address={head.head_address}"], ports, head.head_address, num_cpus,
