@@ -1,0 +1,54 @@
+"""The base conditional independence tests run on each subset: causal-learn's KCI and Fisher-z, on arrays.
+
+``base_pvalue(x, y, z, base)`` tests X _||_ Y | Z on the rows given (2-D arrays, one row per sample; ``z`` may be
+None or have 0 columns). KCI takes multi-column X and Y; Fisher-z one column each. Options go to causal-learn's
+test class unchanged (e.g. KCI's ``kernelX``, ``est_width``, ``approx``).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+BASES = ("kci", "fisherz")
+
+
+def as_columns(a, name: str, n: int | None = None, allow_empty: bool = False) -> np.ndarray:
+    """``a`` as a float 2-D array (a 1-D array is one column); one clear error for the wrong shape or values."""
+    if a is None:
+        if allow_empty:
+            return np.zeros((n or 0, 0))
+        raise ValueError(f"{name}: missing")
+    arr = np.asarray(a, dtype=np.float64)
+    if arr.ndim == 1:
+        arr = arr[:, None]
+    if arr.ndim != 2:
+        raise ValueError(f"{name}: expected a 2-D array (one row per sample), got shape {arr.shape}")
+    if n is not None and arr.shape[0] != n:
+        raise ValueError(f"{name}: has {arr.shape[0]} rows, x has {n}")
+    if arr.shape[1] == 0 and not allow_empty:
+        raise ValueError(f"{name}: has no columns")
+    if not np.all(np.isfinite(arr)):
+        raise ValueError(f"{name}: contains NaN or inf")
+    return arr
+
+
+def check_base(base: str, x: np.ndarray, y: np.ndarray) -> None:
+    if base not in BASES:
+        raise ValueError(f"base: unknown test {base!r} (choose from {', '.join(BASES)})")
+    if base == "fisherz" and (x.shape[1] != 1 or y.shape[1] != 1):
+        raise ValueError(f"base 'fisherz' tests one column against one column, got x {x.shape[1]}, y {y.shape[1]}")
+
+
+def base_pvalue(x: np.ndarray, y: np.ndarray, z: np.ndarray | None, base: str = "kci",
+                options: dict | None = None) -> float:
+    """p-value of the base test of X _||_ Y | Z on these rows (arrays already checked by :func:`as_columns`)."""
+    from causallearn.utils.cit import CIT
+
+    z = np.zeros((len(x), 0)) if z is None else z
+    data = np.hstack([x, y, z])
+    ix = list(range(x.shape[1]))
+    iy = list(range(x.shape[1], x.shape[1] + y.shape[1]))
+    iz = list(range(x.shape[1] + y.shape[1], data.shape[1]))
+    test = CIT(data, base, **(options or {}))
+    if base == "fisherz":
+        ix, iy = ix[0], iy[0]
+    return float(test(ix, iy, iz))
