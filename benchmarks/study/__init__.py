@@ -1,0 +1,17 @@
+"""Studies that finish: each study is a list of small units whose records are committed as they end.
+
+    python -m benchmarks.study all status              # done / pending / core-hours left per study
+    nice -n 19 python -m benchmarks.study all run &    # a background lane (two at most on 2 cores)
+    python -m benchmarks.study lift report             # RESULTS.md section and plots from the records alone
+
+Records: ``benchmarks/results/<study>/<unit>.json``; long stages checkpoint into ``benchmarks/results/<study>/artifacts/``.
+"""
+
+# name -> "module:ATTR" of its Study; a study whose module is missing shows as "not built" in status
+STUDIES: dict[str, str] = {
+    "lift": "benchmarks.study.lift:STUDY",
+    "vidd_molecule": "benchmarks.study.vidd_molecule:STUDY",
+    "vidd_dna": "benchmarks.study.vidd_dna:STUDY",
+    "attnrl": "benchmarks.study.attnrl:STUDY",
+    "ecit": "benchmarks.study.ecit:STUDY",
+}

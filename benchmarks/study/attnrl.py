@@ -1,0 +1,312 @@
+"""AttnRL's study (issue 25): does attention-guided branching beat GRPO and entropy branching at equal generated
+tokens on a task where it has room, and which part (ATB, ADS, off-policy) carries it?
+
+    python -m benchmarks.study attnrl status
+    nice -n 19 python -m benchmarks.study attnrl run &
+    python -m benchmarks.study attnrl report
+
+The plan, in run order (every unit <= 20 min of one core, measured costs in ``COST_S``):
+
+1. ``sft``: supervised pretraining of a small GPT on the cone task, resumable: weights, optimizer, schedule, step,
+   curriculum level and RNG are checkpointed into ``artifacts/sft/checkpoint.pt`` before every call's 15-min deadline.
+   Its end product ``artifacts/sft/model.pt`` is the study's start model (its sha256 is in every later record).
+2. ``gate``: the FCI diagnostic. The SFT model's sampled responses are branched at every step; the outcome-flip rate
+   of a step (share of continuations from that step whose reward differs from the original's) is its measured
+   influence on the answer. Per response, the rank correlation of FCI with it is compared with that of the
+   earliest-step ordering and of a random ordering (seed-fixed), paired over responses. RL units run only if FCI
+   beats both (95 % t-interval of the paired difference above 0); otherwise they refuse with one line and the report
+   says the task leaves the mechanism no room.
+3. ``tune-<method>-lr<lr>-s100``: the same lr grid for every method on tuning seed 100.
+4. ``<method>-s<seed>``: reported seeds 10-14 (oracle and the two AttnRL ablations: seeds 10-11), each with the lr
+   its method's tuning runs chose.
+
+Every RL run starts from the SFT model and stops at about ``TOKENS`` generated tokens (every generation call counted);
+the report compares methods at the matched token count of each seed (benchmarks/attnrl_study_report.py).
+"""
+from __future__ import annotations
+
+import copy
+import dataclasses
+import logging
+import statistics
+
+import torch
+
+from benchmarks.study.core import REPORTED_SEEDS, Study, StudyError, Unit, UnitContext
+
+log = logging.getLogger(__name__)
+
+# ------------------------------------------------------------------------------------------------ the settings
+# Task: cone layout (only a dependency cone of the steps changes the answer; distractors, early ones included, are
+# attended to without mattering), 6-8 computation steps. SFT draws programs from 2 steps up (the curriculum needs
+# short programs to start from); RL and evaluation use the task's own range.
+TASK = {"layout": "cone", "min_steps": 6, "max_steps": 8, "num_inputs": 3}
+SFT_MIN_STEPS = 2
+MODEL = {"n_layer": 2, "n_head": 4, "n_embd": 64}  # ~106k parameters: 3x cheaper per step than 3 x 96
+SFT = {"target_step_error": 0.05, "curriculum_threshold": 0.3, "max_steps": 12_000, "eval_every": 50}
+SFT_INIT_SEED = 0
+SFT_MARGIN_S = 45.0  # a call stops stepping this long before its deadline, to evaluate and save
+
+RL = {"delta": 2, "prompts_per_batch": 8}  # delta 2: 6-8 step traces leave delta 4 almost no later steps
+TOKENS = 200_000
+EVAL_POINTS = 6  # evaluations after the start: every TOKENS / 6 tokens
+EVAL = {"per_difficulty": 16, "longest_extra": 48, "samples": 2, "temperature": 1.0}
+
+GATE_PROBLEMS = 40  # per difficulty (responses whose line count differs from the program's are dropped)
+GATE_CONTINUATIONS = 4
+GATE_DELTAS = (1, 2, 4)
+
+MAIN_METHODS = ("attnrl", "grpo", "entropy_tree", "attn_tree", "earliest_tree", "random_tree")
+# study method -> (algos method, RLConfig overrides, reported seeds): the ceiling and the two halves of AttnRL
+EXTRA_METHODS = {
+    "oracle_tree": ("oracle_tree", {}, (10, 11)),
+    "attnrl_ads_only": ("attnrl", {"off_policy": False}, (10, 11)),
+    "attnrl_offpolicy_only": ("attnrl", {"ads": "off"}, (10, 11)),
+}
+LR_GRID = (1e-4, 3e-4)
+TUNING_SEEDS = (100,)
+# Methods tuned on their own; the rest take the lr chosen for the method they vary (cut to fit ~3 core-hours).
+LR_FROM = {"oracle_tree": "attn_tree", "attnrl_ads_only": "attnrl", "attnrl_offpolicy_only": "attnrl"}
+
+# Measured core-seconds per unit (benchmarks/results/attnrl/README or the report's cost table; see units()).
+COST_S = {"sft": 2400.0, "gate": 400.0, "rl": 240.0}
+
+
+def algo_of(method: str) -> tuple[str, dict]:
+    """(algos.attnrl method, RLConfig overrides) of a study method."""
+    if method in MAIN_METHODS:
+        return method, {}
+    if method in EXTRA_METHODS:
+        return EXTRA_METHODS[method][:2]
+    raise StudyError(f"attnrl: unknown study method {method!r}")
+
+
+# ------------------------------------------------------------------------------------------------ the plan
+
+def _lr_name(lr: float) -> str:
+    return f"{lr:.0e}".replace("e-0", "e-")
+
+
+def units() -> list[Unit]:
+    fn = "benchmarks.study.attnrl:"
+    plan = [Unit("sft", "stage", "sft", None, fn + "run_sft", est_core_s=COST_S["sft"]),
+            Unit("gate", "gate", "fci_gate", None, fn + "run_gate", after=("sft",), est_core_s=COST_S["gate"])]
+    tuned = [m for m in (*MAIN_METHODS, *EXTRA_METHODS) if m not in LR_FROM]
+    tune_names: dict[str, list[str]] = {}
+    for seed in TUNING_SEEDS:
+        for lr in LR_GRID:
+            for method in tuned:
+                name = f"tune-{method}-lr{_lr_name(lr)}-s{seed}"
+                tune_names.setdefault(method, []).append(name)
+                plan.append(Unit(name, "tune", method, seed, fn + "run_rl", {"lr": lr}, after=("gate",),
+                                 est_core_s=COST_S["rl"]))
+    seeds = {m: REPORTED_SEEDS for m in MAIN_METHODS} | {m: v[2] for m, v in EXTRA_METHODS.items()}
+    for seed in REPORTED_SEEDS:  # seed-major: a study cut short still has complete seeds for every method
+        for method in (*MAIN_METHODS, *EXTRA_METHODS):
+            if seed in seeds[method]:
+                after = ("gate", *tune_names[LR_FROM.get(method, method)])
+                plan.append(Unit(f"{method}-s{seed}", "report", method, seed, fn + "run_rl", after=after,
+                                 est_core_s=COST_S["rl"]))
+    return plan
+
+
+def start_files(artifacts) -> list:
+    return [artifacts / "sft" / "model.pt"]
+
+
+# ------------------------------------------------------------------------------------------------ task and model
+
+def tasks():
+    """(the RL and evaluation task, the SFT task with its curriculum range)."""
+    from envs.reasoning.task import ReasoningTask, ReasoningTaskConfig
+    task = ReasoningTask(ReasoningTaskConfig(**TASK))
+    return task, ReasoningTask(dataclasses.replace(task.cfg, min_steps=SFT_MIN_STEPS))
+
+
+def new_policy(task):
+    from algos.attnrl.gpt import GPT, GPTConfig
+    from algos.attnrl.lm import Policy
+    torch.manual_seed(SFT_INIT_SEED)
+    return Policy(GPT(GPTConfig(vocab_size=task.tokenizer.vocab_size, **MODEL)), task.tokenizer)
+
+
+def load_sft(ctx: UnitContext):
+    """(task, SFT policy, SFT info) from the start model."""
+    saved = ctx.load_artifact("sft/model.pt")
+    if saved is None:
+        raise StudyError(f"attnrl/{ctx.unit.name}: no start model at {ctx.artifacts / 'sft' / 'model.pt'}; run the "
+                         "sft stage first")
+    if saved["model"] != MODEL or saved["task"] != TASK:
+        raise StudyError(f"attnrl/{ctx.unit.name}: the start model was made for model {saved['model']} and task "
+                         f"{saved['task']}, this study uses {MODEL} and {TASK}")
+    task, _ = tasks()
+    policy = new_policy(task)
+    policy.model.load_state_dict(saved["state_dict"])
+    policy.model.eval()
+    return task, policy, saved["info"]
+
+
+def evaluator(task, ctx: UnitContext):
+    from benchmarks.attnrl import Evaluator
+    return Evaluator(task, ctx.size("eval_per_difficulty", EVAL["per_difficulty"]),
+                     ctx.size("eval_longest_extra", EVAL["longest_extra"]), ctx.size("eval_samples", EVAL["samples"]),
+                     EVAL["temperature"])
+
+
+# ------------------------------------------------------------------------------------------------ 1. SFT stage
+
+def run_sft(ctx: UnitContext) -> dict | None:
+    """Pretrain until the stopping rule fires, checkpointing before the call's deadline (None: call again)."""
+    import time
+
+    from algos.attnrl.sft import SFTConfig, SFTRun
+    _, sft_task = tasks()
+    policy = new_policy(sft_task)
+    cfg = SFTConfig(**(SFT | {"max_steps": ctx.size("sft_max_steps", SFT["max_steps"])}))
+    run = SFTRun(policy, sft_task, cfg,
+                 log_fn=lambda r: ctx.progress(r["step"], cfg.max_steps, "steps",
+                                               **{k: v for k, v in r.items() if k != "step"}))
+    state = ctx.load_artifact("sft/checkpoint.pt")
+    if state is not None:
+        run.load_state_dict(state)
+        log.info("sft resumed at step %d (difficulty cap %d)", run.step, run.cap)
+    t0 = time.perf_counter()
+    finished = run.advance(until=ctx.deadline - ctx.size("sft_margin_s", SFT_MARGIN_S))
+    ctx.save_artifact("sft/checkpoint.pt", run.state_dict())
+    if not finished:
+        return None
+    info = run.result()
+    ctx.save_artifact("sft/model.pt", {"state_dict": policy.model.state_dict(), "info": info, "model": MODEL,
+                                        "task": TASK, "sft": dataclasses.asdict(cfg)})
+    last = info["history"][-1] if info["history"] else {}
+    return {"metrics": {"steps": info["steps"], "stopped_by": "max_steps" if info["steps"] >= cfg.max_steps
+                        else "rule", "step_error": last.get("step_error"), "greedy_accuracy": info["accuracy"],
+                        "greedy_by_difficulty": {str(k): v for k, v in info["by_difficulty"].items()},
+                        "last_call_s": time.perf_counter() - t0},
+            "curves": {"sft": info["history"]},
+            "settings": {"task": TASK, "sft_min_steps": SFT_MIN_STEPS, "model": MODEL, "sft": dataclasses.asdict(cfg)}}
+
+
+# ------------------------------------------------------------------------------------------------ 2. the gate
+
+def gate_decision(correlations: list[dict], min_per_difficulty: int) -> dict:
+    """FCI against earliest-step and random-step ordering, paired over responses, overall and per difficulty.
+    ``fci_beats_both``: the 95 % t-interval of each paired difference lies above 0 (overall)."""
+    from benchmarks.study.stats import t_interval
+
+    def summary(rows: list[dict]) -> dict:
+        out = {"responses": len(rows)}
+        for key in ("fci", "earliest", "random"):
+            out[key] = t_interval([r[key] for r in rows])
+        for other in ("earliest", "random"):
+            out[f"fci_minus_{other}"] = t_interval([r["fci"] - r[other] for r in rows])
+        return out
+
+    overall = summary(correlations)
+    by_difficulty = {str(d): summary([r for r in correlations if r["difficulty"] == d])
+                     for d in sorted({r["difficulty"] for r in correlations})}
+    beats = {other: bool(overall[f"fci_minus_{other}"][1] > 0) for other in ("earliest", "random")}
+    enough = all(v["responses"] >= min_per_difficulty for v in by_difficulty.values())
+    return {"overall": overall, "by_difficulty": by_difficulty, "beats_earliest": beats["earliest"],
+            "beats_random": beats["random"], "fci_beats_both": beats["earliest"] and beats["random"],
+            "enough_responses": enough}
+
+
+def run_gate(ctx: UnitContext) -> dict:
+    """Branch the SFT model at every step of its own responses and rank the steps by FCI, earliness and chance
+    against their measured influence on the answer (module docstring, 2.); also the SFT model's evaluation."""
+    import time
+
+    from algos.attnrl.config import RLConfig
+    from algos.attnrl.diagnostics import branch_every_step, step_rank_correlations, summarize_branching
+    task, sft, info = load_sft(ctx)
+    rl = RLConfig(**RL)
+    t0 = time.perf_counter()
+    per_difficulty = ctx.size("gate_problems", GATE_PROBLEMS)
+    problems = task.evaluation_problems(per_difficulty, seed=777)
+    records = branch_every_step(sft, task, problems, ctx.size("gate_continuations", GATE_CONTINUATIONS),
+                                deltas=GATE_DELTAS, zero_first_step=rl.zero_first_step,
+                                generator=torch.Generator().manual_seed(0))
+    branch_s = time.perf_counter() - t0
+    summary = summarize_branching(records, GATE_DELTAS, rl.branch_points, rl.rho)
+    decision = gate_decision(step_rank_correlations(records, rl.delta), min_per_difficulty=min(24, per_difficulty))
+    other_deltas = {str(d): gate_decision(step_rank_correlations(records, d), 0)["overall"] for d in GATE_DELTAS}
+    kept = {str(d): sum(r["difficulty"] == d for r in records) for d in range(TASK["min_steps"], TASK["max_steps"] + 1)}
+    sft_eval = evaluator(task, ctx)(sft)
+    ctx.progress(1, 1, "gate", fci_beats_both=str(decision["fci_beats_both"]))
+    return {"metrics": {"fci_beats_both": decision["fci_beats_both"], "beats_earliest": decision["beats_earliest"],
+                        "beats_random": decision["beats_random"], "enough_responses": decision["enough_responses"],
+                        "delta": rl.delta, "problems_per_difficulty": per_difficulty, "responses_kept": kept,
+                        "branch_s": branch_s},
+            "decision": decision, "other_deltas": other_deltas, "summary": summary,
+            "sft": {"eval": sft_eval, "steps": info["steps"], "history_tail": info["history"][-3:]}}
+
+
+# ------------------------------------------------------------------------------------------------ 3./4. RL units
+
+def require_gate(ctx: UnitContext) -> dict:
+    gate = ctx.records().get("gate")
+    if gate is None:
+        raise StudyError(f"attnrl/{ctx.unit.name}: the FCI gate has no record yet; run the gate unit first")
+    if not gate["metrics"]["fci_beats_both"]:
+        d = gate["decision"]["overall"]
+        raise StudyError(f"attnrl/{ctx.unit.name}: refused: the FCI gate failed (rank correlation with measured step "
+                         f"influence: FCI {d['fci'][0]:+.3f}, earliest {d['earliest'][0]:+.3f}, random "
+                         f"{d['random'][0]:+.3f}); this task leaves the mechanism no room: change the task first")
+    return gate
+
+
+def tuning_scores(records: dict[str, dict], method: str) -> dict[float, float]:
+    """lr -> mean over tuning seeds of the primary metric (last-quarter mean at the run's own final tokens)."""
+    from benchmarks.attnrl_report import PRIMARY, late_mean
+    scores: dict[float, list[float]] = {}
+    for r in records.values():
+        if r["role"] == "tune" and r["method"] == method:
+            curve = r["curves"]["eval"]
+            scores.setdefault(float(r["setting"]["lr"]), []).append(late_mean(curve, curve[-1]["tokens"], PRIMARY))
+    return {lr: statistics.fmean(v) for lr, v in sorted(scores.items())}
+
+
+def chosen_lr(records: dict[str, dict], method: str) -> tuple[float, dict[float, float]]:
+    """The lr with the best tuning score of ``method`` (or of the method it takes its lr from); ties: the smaller."""
+    source = LR_FROM.get(method, method)
+    scores = tuning_scores(records, source)
+    missing = [lr for lr in LR_GRID if lr not in scores]
+    if missing:
+        raise StudyError(f"attnrl: {source} has no tuning record for lr {missing[0]:g}; run its tuning units first")
+    best = max(LR_GRID, key=lambda lr: (scores[lr], -lr))
+    return best, scores
+
+
+def run_rl(ctx: UnitContext) -> dict:
+    """One RL run of one study method and seed from the SFT model, evaluated along the way."""
+    from algos.attnrl.config import AdaptiveSamplingConfig
+    from benchmarks.attnrl import run_one
+    require_gate(ctx)
+    method = ctx.unit.method
+    algo, overrides = algo_of(method)
+    if ctx.unit.role == "tune":
+        lr, scores = float(ctx.setting["lr"]), {}
+    else:
+        lr, scores = chosen_lr(ctx.records(), method)
+    task, sft, _ = load_sft(ctx)
+    tokens = ctx.size("tokens", TOKENS)
+    rl = {**RL, "token_budget": tokens, "lr": lr, **overrides}
+    if rl.get("ads") == "off":
+        rl["ads"] = AdaptiveSamplingConfig(difficulty_expansion=False, attention_filter=False,
+                                           zero_advantage_filter=False, adaptive_batch=False)
+    eval_tokens = max(tokens // EVAL_POINTS, 1)
+    run = run_one(algo, ctx.seed, sft, task, evaluator(task, ctx), rl, eval_tokens)
+    curve = run.pop("curve")
+    run["rl"] = {**RL, "token_budget": tokens, "lr": lr, **overrides}
+    end = curve[-1]
+    ctx.progress(run["generated_tokens"], tokens, "tokens", sampled_longest=end["sampled_longest"])
+    return {"metrics": {"sampled_longest_end": end["sampled_longest"], "greedy_end": end["greedy"],
+                        "generated_tokens": run["generated_tokens"], "updates": run["updates"],
+                        "train_cpu_s": run["train_cpu_s"]},
+            "algo": algo, "lr": lr, "lr_scores": {f"{k:g}": v for k, v in scores.items()},
+            "run": run, "curves": {"eval": curve}}
+
+
+STUDY = Study(name="attnrl", title="AttnRL vs GRPO and branching controls on the cone task", units=units,
+              start_files=start_files, report="benchmarks.attnrl_study_report:report")

@@ -1,0 +1,181 @@
+"""The study runner on a real toy study (tests/study_toy.py): records written atomically as units end, a killed lane
+loses only the unit in progress, a long stage resumes from its checkpoint, records from another start model are
+refused, and the report needs nothing but the committed JSON."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from benchmarks.study.core import Study, StudyError, Unit
+from benchmarks.study.records import load_records
+from benchmarks.study.runner import commit_results, report, Paths, run_unit_inline, status_rows
+
+ROOT = Path(__file__).resolve().parents[1]
+TOY = "tests.study_toy:STUDY"
+
+
+def lane(results: Path, *extra: str, env: dict | None = None) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "benchmarks.study", TOY, "run", "--results", str(results),
+                             "--no-commit", *extra], cwd=ROOT, env={**os.environ, **(env or {})},
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def wait_for(predicate, timeout: float = 60.0) -> None:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if predicate():
+            return
+        time.sleep(0.05)
+    raise AssertionError("condition not reached in time")
+
+
+def test_plan_rules():
+    with pytest.raises(StudyError, match="reported seeds are 10-14"):
+        Unit("a", "report", "m", 3, "x:y")
+    with pytest.raises(StudyError, match="tuning seeds are >= 100"):
+        Unit("a", "tune", "m", 1, "x:y")
+    with pytest.raises(StudyError, match="letters, digits"):
+        Unit("a/b", "tune", "m", 100, "x:y")
+    dup = Study("d", "d", lambda: [Unit("a", "tune", "m", 100, "x:y")] * 2, lambda a: [], "x:y")
+    with pytest.raises(StudyError, match="listed twice"):
+        dup.plan()
+    later = Study("d", "d", lambda: [Unit("a", "tune", "m", 100, "x:y", after=("b",)),
+                                     Unit("b", "tune", "m", 101, "x:y")], lambda a: [], "x:y")
+    with pytest.raises(StudyError, match="runs after b"):
+        later.plan()
+
+
+@pytest.mark.slow
+def test_killed_lane_loses_only_the_unit_in_progress_and_the_study_resumes(tmp_path):
+    results = tmp_path / "results"
+    first = lane(results, env={"TOY_UNIT_S": "1.0", "TOY_STEP_S": "0.01"})
+    toy = results / "toy"
+    # wait until two method units are recorded and a third has started, then kill the lane mid-unit
+    wait_for(lambda: len([r for r in load_records(toy) if r["role"] != "stage"]) >= 2)
+    done_before = {r["unit"] for r in load_records(toy)}
+    started = {p.parent.name for p in (tmp_path / "results-work" / "work" / "toy").glob("*/started")}
+    wait_for(lambda: len({p.parent.name for p in (tmp_path / "results-work" / "work" / "toy").glob("*/started")})
+             > len(started) or len(load_records(toy)) > len(done_before))
+    first.send_signal(signal.SIGKILL)
+    first.wait()
+    time.sleep(2.0)  # the unit process dies with its lane (PR_SET_PDEATHSIG); it must not write a record later
+    after_kill = load_records(toy)
+    assert not list(toy.glob(".*.tmp")), "a killed write left a partial file"
+    for r in after_kill:
+        assert {"study", "unit", "role", "method", "seed", "start_sha", "metrics", "commit", "cpu", "wall_s",
+                "cpu_s"} <= set(r), r
+    assert len(after_kill) < 7, "the lane was killed before the study ended"
+    # a new lane finishes the rest, and the finished records are untouched
+    second = lane(results, env={"TOY_UNIT_S": "0.05"})
+    out, _ = second.communicate(timeout=120)
+    assert second.returncode == 0, out
+    records = {r["unit"]: r for r in load_records(toy)}
+    assert set(records) == {"stage", "tune-s100", *(f"toy-s{s}" for s in range(10, 15))}
+    for r in after_kill:
+        assert records[r["unit"]]["finished_at"] == r["finished_at"]
+    shas = {r["start_sha"] for r in records.values() if r["role"] != "stage"}
+    assert len(shas) == 1 and None not in shas
+    assert records["toy-s12"]["metrics"]["score"] == pytest.approx(2.0 * 12 + 0.5)
+    assert records["toy-s12"]["cpu"]["model"] and isinstance(records["toy-s12"]["cpu"]["flags"], list)
+
+
+@pytest.mark.slow
+def test_long_stage_resumes_from_its_checkpoint(tmp_path):
+    results = tmp_path / "results"
+    checkpoint = results / "toy" / "artifacts" / "stage" / "checkpoint.pt"
+    # calls of ~0.3 s: the stage returns "checkpointed" several times; the lane is killed in the middle of it
+    first = lane(results, env={"ORRERY_STUDY_CALL_S": "0.3", "TOY_STEP_S": "0.05"})
+    import torch
+    wait_for(lambda: checkpoint.exists() and torch.load(checkpoint, weights_only=False)["step"] >= 12)
+    first.send_signal(signal.SIGKILL)
+    first.wait()
+    time.sleep(1.0)
+    reached = torch.load(checkpoint, weights_only=False)["step"]
+    assert 12 <= reached < 40 and not (results / "toy" / "stage.json").exists()
+    second = lane(results, "--max-units", "1", env={"ORRERY_STUDY_CALL_S": "0.3", "TOY_STEP_S": "0.05"})
+    out, _ = second.communicate(timeout=120)
+    assert second.returncode == 0, out
+    stage = json.loads((results / "toy" / "stage.json").read_text())
+    starts = stage["starts"]
+    assert starts[0] == 0 and starts == sorted(starts) and len(starts) >= 3
+    # the second lane began where the killed one had checkpointed, not from scratch
+    assert any(reached - 1 <= s <= reached + 1 for s in starts[1:]), (reached, starts)
+    assert stage["metrics"]["steps"] == 40 and stage["calls"] >= 2
+
+
+def test_records_from_another_start_model_are_refused(tmp_path):
+    for name in ("stage", "tune-s100", "toy-s10"):
+        assert run_unit_inline(TOY, name, tmp_path, overrides={"sleep_s": 0.0}) is not None
+    model = tmp_path / "toy" / "artifacts" / "stage" / "model.json"
+    model.write_text(json.dumps({"weight": 3.0}))  # a different start model, e.g. re-trained on a new machine
+    with pytest.raises(StudyError, match=r"starts from model sha [0-9a-f]{12} but 2 record\(s\).*made from sha "
+                                         r"[0-9a-f]{12}"):
+        run_unit_inline(TOY, "toy-s11", tmp_path, overrides={"sleep_s": 0.0})
+    # a report refuses records of two start models (one copied in from another machine's run)
+    mixed = json.loads((tmp_path / "toy" / "toy-s10.json").read_text())
+    mixed.update(unit="toy-s13", seed=13, start_sha="f" * 64)
+    (tmp_path / "toy" / "toy-s13.json").write_text(json.dumps(mixed))
+    with pytest.raises(StudyError, match="2 start models"):
+        report(TOY, Paths(tmp_path), results_md=tmp_path / "RESULTS.md")
+
+
+def test_report_from_the_committed_json_alone(tmp_path):
+    made = tmp_path / "made"
+    for name in ["stage", "tune-s100", *(f"toy-s{s}" for s in range(10, 15))]:
+        run_unit_inline(TOY, name, made, overrides={"sleep_s": 0.0})
+    fresh = tmp_path / "fresh-clone"  # only the records travel: no work dirs, no artifacts
+    (fresh / "toy").mkdir(parents=True)
+    for path in (made / "toy").glob("*.json"):
+        shutil.copy(path, fresh / "toy" / path.name)
+    results_md = tmp_path / "RESULTS.md"
+    results_md.write_text("# Benchmarks\n\n## Other\n\nkept\n")
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.study", TOY, "report", "--results", str(fresh)],
+                          cwd=ROOT, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    section = (fresh / "toy" / "REPORT.md").read_text()
+    assert section.startswith("## Toy study") and "| 12 | 24.5 |" in section and "5 seeds" in section
+    assert (fresh / "toy" / "toy.png").stat().st_size > 1000
+    report(TOY, Paths(fresh), results_md=results_md)
+    text = results_md.read_text()
+    assert "## Other\n\nkept" in text and "| 14 | 28.5 |" in text
+
+
+def test_status_counts_done_pending_and_cost(tmp_path):
+    run_unit_inline(TOY, "stage", tmp_path)
+    run_unit_inline(TOY, "tune-s100", tmp_path, overrides={"sleep_s": 0.0})
+    (row,) = status_rows(TOY, Paths(tmp_path))
+    assert (row["done"], row["pending"], row["runnable"], row["report_done"]) == (2, 5, 5, 0)
+    assert 0 < row["core_h_left"] < 1
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.study", "all", "status", "--results", str(tmp_path)],
+                          cwd=ROOT, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    for study in ("lift", "vidd_molecule", "vidd_dna", "attnrl"):
+        assert study in proc.stdout
+
+
+def test_commit_results_commits_only_the_study_folder(tmp_path):
+    repo = tmp_path / "repo"
+    run = lambda *a: subprocess.run(["git", "-C", str(repo), *a], check=True, capture_output=True, text=True)  # noqa: E731
+    repo.mkdir()
+    run("init", "-q")
+    run("config", "user.email", "t@t")
+    run("config", "user.name", "t")
+    (repo / "code.py").write_text("x = 1\n")
+    run("add", "code.py")
+    run("commit", "-q", "-m", "init")
+    (repo / "code.py").write_text("x = 2\n")  # someone's work in progress, staged
+    run("add", "code.py")
+    results = repo / "benchmarks" / "results" / "toy"
+    run_unit_inline(TOY, "stage", repo / "benchmarks" / "results")
+    assert commit_results(results, "study toy: stage", repo=repo)
+    files = run("show", "--name-only", "--format=", "HEAD").stdout.split()
+    assert "benchmarks/results/toy/stage.json" in files and "code.py" not in files
+    assert "code.py" in run("diff", "--cached", "--name-only").stdout  # still staged, not committed
