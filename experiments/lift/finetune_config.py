@@ -29,6 +29,8 @@ METHOD_SPECS: dict[str, MethodSpec] = {
     "lift_stochastic": MethodSpec("physics", False),  # LIFT collecting with stochastic real actions
     "lift_prior_only": MethodSpec("prior_only", True),  # LIFT's model without the residual force (τ_θ = 0)
     "lift_residual_only": MethodSpec("residual_only", True),  # LIFT's model without the prior (M = I, no bias)
+    # the 2x2's fourth cell (no model, deterministic real actions) at LIFT's SAC steps per real step
+    "sac_deterministic": MethodSpec(None, True, "matched"),
 }
 METHODS = tuple(METHOD_SPECS)
 FINETUNE_TASKS = ("inverted_pendulum", "walker2d", "half_cheetah", "humanoid_state")
