@@ -27,7 +27,8 @@ from benchmarks.study.records import (RESULTS, ROOT, atomic_write_bytes, cpu_inf
 
 log = logging.getLogger("benchmarks.study")
 STAGE_MORE = 3           # exit code of a unit process whose stage checkpointed and has more to do
-UNIT_TIMEOUT_S = 45 * 60  # a unit that runs this long is stuck: killed, logged, skipped by this lane
+UNIT_TIMEOUT_S = 45 * 60
+MAX_ARTIFACT_BYTES = 20 * 2**20  # per file: artifacts travel in git to every later machine; keep them small  # a unit that runs this long is stuck: killed, logged, skipped by this lane
 WAIT_S = 30.0
 
 
@@ -344,6 +345,10 @@ def commit_results(results_dir: Path, message: str, repo: Path = ROOT, tries: in
         rel = results_dir.resolve().relative_to(repo.resolve())
     except ValueError:
         return False
+    big = [p for p in results_dir.rglob("*") if p.is_file() and p.stat().st_size > MAX_ARTIFACT_BYTES]
+    if big:
+        raise StudyError(f"{big[0]} is {big[0].stat().st_size / 2**20:.0f} MiB; study artifacts are committed and "
+                         f"must stay under {MAX_ARTIFACT_BYTES / 2**20:.0f} MiB a file (keep a slice, not the whole)")
     for attempt in range(tries):
         add = subprocess.run(["git", "-C", str(repo), "add", "--", str(rel)], capture_output=True, text=True)
         if add.returncode == 0:
