@@ -255,6 +255,7 @@ def run_lane(which: str, paths: Paths, max_units: int | None = None, commit: boo
     """Take runnable units until none remain (or ``max_units`` ran). Studies with the least CPU spent go first, so
     every study moves; within a study the plan's order holds (stages, gates, tuning, reported seeds)."""
     skip: set[tuple[str, str]] = set()
+    unbuilt: set[str] = set()
     ran = 0
     child: list[subprocess.Popen] = []
 
@@ -271,7 +272,9 @@ def run_lane(which: str, paths: Paths, max_units: int | None = None, commit: boo
             try:
                 studies.append((ref, load_study(ref)))
             except ImportError as e:
-                log.warning("study %s is not built yet (%s); skipped", ref, e)
+                if ref not in unbuilt:
+                    log.warning("study %s is not built yet (%s); skipped", ref, e)
+                    unbuilt.add(ref)
         choice, waiting = None, 0
         spent = []
         for ref, study in studies:
