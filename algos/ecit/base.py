@@ -48,7 +48,10 @@ def base_pvalue(x: np.ndarray, y: np.ndarray, z: np.ndarray | None, base: str = 
     ix = list(range(x.shape[1]))
     iy = list(range(x.shape[1], x.shape[1] + y.shape[1]))
     iz = list(range(x.shape[1] + y.shape[1], data.shape[1]))
-    test = CIT(data, base, **(options or {}))
+    # causal-learn hashes str(data) for its cache file; printed in full that costs ~8 ms per subset, more than a
+    # Fisher-z test itself. A summarised str is enough (we use no cache file).
+    with np.printoptions(threshold=16, edgeitems=2):
+        test = CIT(data, base, **(options or {}))
     if base == "fisherz":
         ix, iy = ix[0], iy[0]
     return float(test(ix, iy, iz))

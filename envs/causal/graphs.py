@@ -1,0 +1,43 @@
+"""Graph truth and scores for causal discovery, on causal-learn's endpoint matrices (``G[i, j]``: the mark at i of
+the edge i - j; i -> j is ``G[j, i] = 1, G[i, j] = -1``; an undirected edge is -1 at both ends).
+
+The truth of a DAG is its CPDAG (what PC can identify from independences); SHD counts node pairs whose edge differs
+(missing, extra, or other marks), as causal-learn's ``graph.SHD`` does; the skeleton F1 ignores directions.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+
+def cpdag(adj: np.ndarray) -> np.ndarray:
+    """Endpoint matrix of the CPDAG of the DAG ``adj`` (``adj[i, j]``: edge i -> j), by causal-learn's dag2cpdag."""
+    from causallearn.graph.Dag import Dag
+    from causallearn.graph.GraphNode import GraphNode
+    from causallearn.utils.DAG2CPDAG import dag2cpdag
+
+    nodes = [GraphNode(f"X{i + 1}") for i in range(len(adj))]
+    dag = Dag(nodes)
+    for i, j in zip(*np.nonzero(adj)):
+        dag.add_directed_edge(nodes[i], nodes[j])
+    return np.asarray(dag2cpdag(dag).graph)
+
+
+def shd(truth: np.ndarray, est: np.ndarray) -> int:
+    """Structural Hamming distance between two endpoint matrices (pairs i < j whose marks differ)."""
+    if truth.shape != est.shape:
+        raise ValueError(f"shd: graphs of different sizes {truth.shape} and {est.shape}")
+    i, j = np.triu_indices(len(truth), k=1)
+    return int(np.sum((truth[i, j] != est[i, j]) | (truth[j, i] != est[j, i])))
+
+
+def skeleton_scores(truth: np.ndarray, est: np.ndarray) -> dict[str, float]:
+    """Adjacency precision, recall and F1 (an empty estimate has precision 1 by convention, F1 0 if truth has
+    edges)."""
+    i, j = np.triu_indices(len(truth), k=1)
+    t = (truth[i, j] != 0) | (truth[j, i] != 0)
+    e = (est[i, j] != 0) | (est[j, i] != 0)
+    tp, fp, fn = int(np.sum(t & e)), int(np.sum(~t & e)), int(np.sum(t & ~e))
+    precision = tp / (tp + fp) if tp + fp else 1.0
+    recall = tp / (tp + fn) if tp + fn else 1.0
+    f1 = 2 * precision * recall / (precision + recall) if precision + recall else 0.0
+    return {"precision": precision, "recall": recall, "f1": f1, "tp": tp, "fp": fp, "fn": fn}
