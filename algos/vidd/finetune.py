@@ -94,13 +94,15 @@ def finetune(
     eval_fn: Callable[[nn.Module], dict] | None = None,
     seed: int = 0,
     eval_at_queries: Sequence[int] = (),
+    final_eval: bool = True,
 ) -> FinetuneResult:
     """Run ``method`` in one process; ``sample_fn`` (signature of :func:`algos.vidd.sampling.sample`) may be remote.
 
     ``reward_fn`` is queried only through a :class:`RewardCounter`, so ``reward_queries`` is exact and
     never exceeds ``cfg.query_budget``. ``pretrained`` is never modified. ``seed`` seeds every random draw.
     ``eval_fn`` runs every ``cfg.eval_every`` iterations, after the first iteration that reaches each of
-    ``eval_at_queries`` oracle queries, and at the end.
+    ``eval_at_queries`` oracle queries, and at the end (unless ``final_eval`` is False: a caller that evaluates the
+    returned model itself, on a larger sample, skips the duplicate).
     """
     cfg = cfg.for_method(method)
     sample_fn = sample_fn or sample
@@ -156,7 +158,7 @@ def finetune(
         if log_fn is not None:
             log_fn(iteration, metrics)
     student.eval()
-    if eval_fn is not None:
+    if eval_fn is not None and final_eval:
         last = history[-1] if history else {}
         evaluated = {k: v for k, v in last.items() if k.startswith("eval/")}  # the last iteration's, if any
         if not evaluated:

@@ -96,8 +96,8 @@ VARIANTS: dict[str, Variant] = {v.name: v for v in [
     Variant("rw_mle", "RW-MLE (reward-weighted MLE)", "rw_mle", dict(alpha=1.0, standardize_weights=True),
             steps="one"),
 ]}
-BASELINE_ORDER = ("standard_ft_hybrid", "standard_ft", "ddpo", "ddpp", "rw_mle", "best_of_n", "vidd_alg1",
-                  "vidd_hybrid_nodenom")
+BASELINE_ORDER = ("standard_ft_hybrid", "standard_ft", "ddpo", "ddpp", "rw_mle", "best_of_n", "best_of_n_equal",
+                  "vidd_alg1", "vidd_hybrid_nodenom")
 
 
 @dataclass(frozen=True)
@@ -356,12 +356,14 @@ def pretrain_stage(ctx: UnitContext) -> dict | None:
             before = float(nelbo(model, data.heldout, n_time_samples=2,
                                  generator=torch.Generator().manual_seed(NLL_SEED)).mean())
         total, log_every = exp.pretrain_steps, max(1, exp.pretrain_steps // 50)
-        margin = spec.size(ctx, "stage_margin_s")
+        # stop stepping this long before the deadline (evaluate, save); at most a fifth of a short call
+        margin = min(spec.size(ctx, "stage_margin_s"), 0.2 * ctx.time_left())
+        max_steps = spec.size(ctx, "stage_steps_per_call")  # tests: checkpoint after this many steps
         noise = LogLinearSchedule()
         model.train()
-        running, n_run, t_last = 0.0, 0, time.monotonic()
+        running, n_run, t_last, first = 0.0, 0, time.monotonic(), step
         while step < total:
-            if ctx.time_left() < margin:
+            if ctx.time_left() < margin or (max_steps and step - first >= max_steps):
                 ctx.save_artifact(CHECKPOINT, {"model": model.state_dict(), "optimizer": optimizer.state_dict(),
                                                "schedule": schedule.state_dict(), "generator": gen.get_state(),
                                                "step": step, "curve": curve, "heldout_nelbo_before": before})
@@ -492,3 +494,288 @@ def best_of_n_unit(ctx: UnitContext) -> dict:
                         "inference_queries": n_out * n_max, "wall_sample_s": time.perf_counter() - t0},
             "pretrained": points[0], "points": points,
             "curves": {"N": [p["N"] for p in points], **{k: [p[k] for p in points] for k in keys}}}
+
+
+# ------------------------------------------------------------------------------------------------ report
+
+def _fmt(stat: tuple[float, float, float], p: int) -> str:
+    from benchmarks.study.stats import fmt_interval
+    return fmt_interval(stat, "{:." + str(p) + "f}")
+
+
+def _digits(metric: str) -> int:
+    return 1 if metric == "nll" else 3
+
+
+def report_section(spec: TaskSpec, records: list[dict], out_dir: Path) -> str:
+    """The study's RESULTS.md section and plot, from its records alone."""
+    from benchmarks.study.stats import paired, t_interval, verdict
+    by_unit = {r["unit"]: r for r in records}
+    plan = build_units(spec)
+    roles = {role: [u for u in plan if u.role == role] for role in ("stage", "tune", "report")}
+    done = {role: sum(u.name in by_unit for u in units) for role, units in roles.items()}
+    s = spec.sizes
+    pre = by_unit.get("pretrain")
+    lines = [f"## VIDD vs baselines: {spec.title} (`benchmarks/study/{spec.study}.py`)", "",
+             f"Commands (repo root): `nice -n 19 python -m benchmarks.study {spec.study} run` (the units, each <= 20 "
+             f"min of one core, records in `benchmarks/results/{spec.study}/`), `python -m benchmarks.study "
+             f"{spec.study} report` (this section and the plot, from the records alone).", "",
+             f"**Status: {done['stage']}/{len(roles['stage'])} stage, {done['tune']}/{len(roles['tune'])} tuning, "
+             f"{done['report']}/{len(roles['report'])} reported units recorded.**"
+             + ("" if done["report"] == len(roles["report"]) else
+                " Reported units are missing: the tables below are partial and no claim is read from them."), ""]
+    steps = {"vidd": s["vidd_steps"], "ddpo": s["ddpo_steps"] or s["T"], "one": 1}
+    lines += [f"Setup: {spec.reward_name}; MDLM denoiser (d_model {s['d_model']}, {s['n_layers']} layers, "
+              f"length {s['seq_len']}, T = {s['T']} reverse steps) pretrained {s['pretrain_steps']} steps on "
+              f"{s['n_train']} corpus sequences"
+              + (f" (held-out NELBO {pre['metrics']['heldout_nelbo_before']:.1f} -> "
+                 f"{pre['metrics']['heldout_nelbo_after']:.1f} nats; start model sha "
+                 f"`{(pre.get('start_sha') or _start_sha(records) or '-')[:12]}`)" if pre else "")
+              + f". Every fine-tuning method stops at **{s['budget']} distinct training oracle queries**, batch "
+              f"{s['batch_size']} trajectories per iteration; distilled steps per trajectory: VIDD and standard FT "
+              f"{steps['vidd']}, DDPO {steps['ddpo']}, DDPP and RW-MLE 1; teacher refresh every 5 iterations. "
+              f"Primary (named before any reported unit ran): **{PRIMARY}**. Every method is tuned over the same "
+              f"learning-rate grid {', '.join(lr_name(v) for v in GRID)} on tuning seed(s) "
+              f"{', '.join(map(str, TUNE_SEEDS))}: highest mean median reward among values with NLL <= "
+              f"{NLL_CEILING_FACTOR} x the pretrained model's NLL, validity >= {MIN_VALIDITY} and uniqueness >= "
+              f"{MIN_UNIQUENESS} (none: lowest NLL). Reported seeds 10-14, {s['eval_samples']} fresh samples per unit "
+              f"(NLL: NELBO under the pretrained model, nats per sequence). Best-of-N draws {s['eval_samples']} x "
+              f"{s['best_of_n_max']} candidates from the pretrained model (N = 1 is the pretrained model). "
+              f"{spec.cuts}", ""]
+    lines += _tuning_table(spec, by_unit)
+    lines += _reported_tables(spec, by_unit, t_interval)
+    lines += _paired_table(spec, by_unit, paired, verdict)
+    plot = _plot(spec, by_unit, out_dir)
+    if plot:
+        lines += [f"Plot: `{plot}` (left: median reward against oracle queries per output sample, mean over seeds; "
+                  "right: NLL against median reward, one point per seed).", ""]
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def _start_sha(records: list[dict]) -> str | None:
+    shas = {r.get("start_sha") for r in records if r.get("role") != "stage" and r.get("start_sha")}
+    return shas.pop() if len(shas) == 1 else None
+
+
+def _tuning_table(spec: TaskSpec, by_unit: dict) -> list[str]:
+    if not any(u.startswith("tune-") for u in by_unit):
+        return []
+    ceiling = nll_ceiling(spec, by_unit) if "pretrain" in by_unit else math.nan
+    lines = [f"### Tuning (seed {', '.join(map(str, TUNE_SEEDS))}): median reward / NLL per learning rate; NLL "
+             f"ceiling {ceiling:.1f} nats (x = over the ceiling or below the validity floors)", "",
+             "| variant | " + " | ".join(f"lr {lr_name(v)}" for v in GRID) + " | chosen |", "|---|" + "---|" * 4]
+    for name in spec.variants:
+        cells = []
+        for lr in GRID:
+            recs = [by_unit.get(tune_unit_name(name, lr, seed)) for seed in TUNE_SEEDS]
+            if not all(recs):
+                cells.append("-")
+                continue
+            m = {k: float(np.mean([r["metrics"][k] for r in recs])) for k in ("reward_median", "nll", "validity",
+                                                                            "uniqueness")}
+            bad = not (m["nll"] <= ceiling and m["validity"] >= MIN_VALIDITY and m["uniqueness"] >= MIN_UNIQUENESS)
+            cells.append(f"{m['reward_median']:.3f} / {m['nll']:.1f}{' x' if bad else ''}")
+        try:
+            lr, ok = select_lr(tuning_rows(spec, name, by_unit), ceiling)
+            chosen = lr_name(lr) + ("" if ok else " (none qualified: lowest NLL)")
+        except StudyError:
+            chosen = "-"
+        lines.append(f"| {name} | " + " | ".join(cells) + f" | {chosen} |")
+    return lines + [""]
+
+
+def _method_rows(spec: TaskSpec, by_unit: dict) -> dict[str, dict[int, dict]]:
+    """method -> seed -> metrics, for the reported seeds: pretrained and best-of-N from the best-of-N units."""
+    rows: dict[str, dict[int, dict]] = {"pretrained": {}, "best_of_n": {}, "best_of_n_equal": {}}
+    n_equal = equal_n(spec)
+    for seed in REPORTED_SEEDS:
+        bon = by_unit.get(f"best_of_n-s{seed}")
+        if bon:
+            rows["pretrained"][seed] = {**bon["pretrained"], "queries_per_output_sample": 0.0, "queries": 0}
+            rows["best_of_n"][seed] = bon["metrics"]
+            point = next((p for p in bon["points"] if p["N"] == n_equal), None)
+            if point is not None and n_equal != bon["points"][-1]["N"]:
+                rows["best_of_n_equal"][seed] = {**point, "queries_per_output_sample": float(n_equal), "queries": 0}
+        for name in spec.variants:
+            rec = by_unit.get(f"{name}-s{seed}")
+            if rec:
+                rows.setdefault(name, {})[seed] = rec["metrics"]
+    return {k: v for k, v in rows.items() if v}
+
+
+def equal_n(spec: TaskSpec) -> int:
+    """The best-of-N whose inference queries per output sample equal a fine-tuned model's training queries per
+    evaluated sample (budget / eval_samples, rounded down to a power of 2)."""
+    n = max(1, spec.sizes["budget"] // spec.sizes["eval_samples"])
+    return 1 << (n.bit_length() - 1)
+
+
+def _label(spec: TaskSpec, name: str) -> str:
+    if name == "pretrained":
+        return "pretrained (best-of-1)"
+    if name == "best_of_n_equal":
+        return f"best-of-{equal_n(spec)} (inference time, equal queries per output sample)"
+    if name == "best_of_n":
+        return f"best-of-{spec.sizes['best_of_n_max']} (inference time)"
+    return f"{name}: {VARIANTS[name].label}"
+
+
+def _reported_tables(spec: TaskSpec, by_unit: dict, t_interval) -> list[str]:
+    rows = _method_rows(spec, by_unit)
+    if not rows:
+        return []
+    dna = spec.task == "dna"
+    metrics = ["reward_median", "reward_top10", "nll", "diversity", "validity",
+               *(("eval_reward_median", "kmer3_corr") if dna else ())]
+    titles = ["median reward", "top-10 % reward", "NLL", "diversity", "validity",
+              *(("held-out oracle median", "3-mer corr") if dna else ())]
+    lines = [f"### Reported seeds 10-14: mean [95 % t-interval] over seeds", "",
+             "| method | lr | seeds | " + " | ".join(titles) + " | iterations | refreshes | training queries | "
+             "oracle queries / output sample |", "|" + "---|" * (len(titles) + 7)]
+    for name, by_seed in rows.items():
+        ms = list(by_seed.values())
+        cells = [_fmt(t_interval([m.get(k) for m in ms]), _digits(k)) for k in metrics]
+        mean = lambda k: float(np.mean([m.get(k, math.nan) for m in ms]))  # noqa: E731
+        tuned = name in VARIANTS
+        lr = ", ".join(sorted({lr_name(m["lr"]) for m in ms})) if tuned else "-"
+        it = f"{mean('iterations'):.0f}" if tuned else "-"
+        # DDPP's and RW-MLE's "teacher" is their roll-in policy; refreshes are VIDD's mechanism only
+        ref = f"{mean('teacher_refreshes'):.0f}" if tuned and VARIANTS[name].family != "baseline" else "-"
+        lines.append(f"| {_label(spec, name)} | {lr} | {len(ms)} | " + " | ".join(cells) +
+                     f" | {it} | {ref} | {mean('queries'):.0f} | {mean('queries_per_output_sample'):.1f} |")
+    lines += ["", f"Oracle queries per output sample: a fine-tuned model's training queries over the "
+              f"{spec.sizes['eval_samples']} samples evaluated (fewer per sample for a larger draw; sampling itself "
+              f"is free); best-of-N pays N per output sample at inference time.", "",
+              "### Per seed: median reward / NLL", "",
+              "| method | " + " | ".join(f"seed {s}" for s in REPORTED_SEEDS) + " |",
+              "|---|" + "---|" * len(REPORTED_SEEDS)]
+    for name, by_seed in rows.items():
+        cells = [f"{by_seed[s]['reward_median']:.3f} / {by_seed[s]['nll']:.1f}" if s in by_seed else "-"
+                 for s in REPORTED_SEEDS]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return lines + [""]
+
+
+def _paired_table(spec: TaskSpec, by_unit: dict, paired, verdict) -> list[str]:
+    rows = _method_rows(spec, by_unit)
+    if PRIMARY not in rows:
+        return []
+    prim = rows[PRIMARY]
+    dna = spec.task == "dna"
+    lines = [f"### {PRIMARY} against each baseline, seed-paired: mean difference (primary - baseline) [95 % "
+             "t-interval]", "",
+             "| baseline | seeds | median reward | reward verdict | NLL | NLL verdict |"
+             + (" held-out oracle median | verdict |" if dna else ""),
+             "|" + "---|" * (8 if dna else 6)]
+    verdicts: dict[str, tuple[str, str]] = {}
+    for name in [*BASELINE_ORDER, "pretrained"]:
+        if name not in rows or name == PRIMARY:
+            continue
+        other = rows[name]
+        seeds = sorted(set(prim) & set(other))
+        d_r = paired({k: prim[k]["reward_median"] for k in seeds}, {k: other[k]["reward_median"] for k in seeds})
+        d_n = paired({k: prim[k]["nll"] for k in seeds}, {k: other[k]["nll"] for k in seeds})
+        v_r, v_n = verdict(d_r, lower_is_better=False), verdict(d_n, lower_is_better=True)
+        verdicts[name] = (v_r, v_n)
+        cells = f"| {name} | {len(seeds)} | {_fmt(d_r, 3)} | {v_r} | {_fmt(d_n, 1)} | {v_n} |"
+        if dna:
+            d_e = paired({k: prim[k]["eval_reward_median"] for k in seeds},
+                         {k: other[k]["eval_reward_median"] for k in seeds})
+            cells += f" {_fmt(d_e, 3)} | {verdict(d_e, lower_is_better=False)} |"
+        lines.append(cells)
+    lines += ["", "Verdicts: `better`/`worse` for the primary when the interval excludes 0, `n.s.` otherwise (NLL: "
+              "lower is better). With 5 seeds an interval is wide; `n.s.` means not shown, not equal.", ""]
+    lines += _reading(spec, rows, verdicts)
+    return lines
+
+
+def _reading(spec: TaskSpec, rows: dict, verdicts: dict[str, tuple[str, str]]) -> list[str]:
+    """The reading, generated from the verdicts (no sentence is written by hand after the numbers)."""
+    complete = all(len(rows.get(n, {})) == len(REPORTED_SEEDS) for n in (*spec.variants, "best_of_n"))
+    paper = [n for n in ("ddpo", "ddpp", "rw_mle", "standard_ft", "standard_ft_hybrid") if n in verdicts]
+    both = [n for n in paper if verdicts[n] == ("better", "better")]
+    reward_only = [n for n in paper if verdicts[n][0] == "better" and verdicts[n][1] != "better"]
+    lost = [n for n in paper if verdicts[n][0] == "worse"]
+    open_ = [n for n in paper if n not in both + reward_only + lost]
+    out = ["### Reading", ""]
+    if not complete:
+        out += ["- Not every method has all 5 reported seeds yet: **no claim is read**; the rows above are "
+                "provisional.", ""]
+        return out
+    out.append(f"- The paper's claim (VIDD: higher reward than DDPO, DDPP, RW-MLE and standard fine-tuning, with lower "
+               f"NLL) is {'reproduced' if both == paper else 'not reproduced'} here for the primary: higher reward "
+               f"and lower NLL against {', '.join(both) or 'none'}; higher reward only against "
+               f"{', '.join(reward_only) or 'none'}; lower reward against {', '.join(lost) or 'none'}; not shown "
+               f"against {', '.join(open_) or 'none'}.")
+    if "standard_ft_hybrid" in verdicts:
+        v = verdicts["standard_ft_hybrid"][0]
+        out.append(f"- The iterative mechanism (teacher refreshes and teacher roll-ins), against the matched control "
+                   f"with the same estimator and teacher never refreshed: reward {v}"
+                   + (" - the refreshes carry the gain." if v == "better" else
+                      " - the gain over the control is not shown; what the primary gains comes from its estimator."
+                      if v == "n.s." else " - the control is ahead."))
+    if "best_of_n_equal" in verdicts:
+        out.append(f"- Against best-of-{equal_n(spec)} (the same oracle queries per output sample as the primary's "
+                   f"training for {spec.sizes['eval_samples']} samples): reward {verdicts['best_of_n_equal'][0]}.")
+    if "best_of_n" in verdicts:
+        v = verdicts["best_of_n"][0]
+        out.append(f"- Against best-of-{spec.sizes['best_of_n_max']} (inference-time, "
+                   f"{spec.sizes['best_of_n_max']} queries per output sample against the primary's "
+                   f"{float(np.mean([m['queries_per_output_sample'] for m in rows[PRIMARY].values()])):.0f} "
+                   f"for {spec.sizes['eval_samples']} samples): reward {v}.")
+    if "vidd_hybrid_nodenom" in verdicts:
+        out.append(f"- The value denominator v(x_t) (ablation): reward {verdicts['vidd_hybrid_nodenom'][0]} with it.")
+    if "vidd_alg1" in verdicts:
+        out.append(f"- Against Algorithm 1 as written: reward {verdicts['vidd_alg1'][0]}, NLL "
+                   f"{verdicts['vidd_alg1'][1]}.")
+    return out + [""]
+
+
+def _plot(spec: TaskSpec, by_unit: dict, out_dir: Path) -> str | None:
+    rows = _method_rows(spec, by_unit)
+    if not rows:
+        return None
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, axes = plt.subplots(1, 2, figsize=(13, 4.6))
+    n_out = spec.sizes["eval_samples"]
+    for i, name in enumerate(spec.variants):
+        recs = [by_unit[f"{name}-s{s}"] for s in REPORTED_SEEDS if f"{name}-s{s}" in by_unit]
+        if not recs:
+            continue
+        color = f"C{i}"
+        npts = min(len(r["curves"]["queries"]) for r in recs)
+        xs = [np.mean([r["curves"]["queries"][j] for r in recs]) / n_out for j in range(npts)]
+        ys = [np.mean([r["curves"]["reward_median"][j] for r in recs]) for j in range(npts)]
+        axes[0].plot(xs, ys, marker="o", ms=3, color=color, label=name, lw=2.2 if name == PRIMARY else 1.2)
+        axes[1].scatter([r["metrics"]["reward_median"] for r in recs], [r["metrics"]["nll"] for r in recs],
+                        color=color, s=18, label=name)
+    bons = [by_unit[f"best_of_n-s{s}"] for s in REPORTED_SEEDS if f"best_of_n-s{s}" in by_unit]
+    if bons:
+        ns = bons[0]["curves"]["N"]
+        ys = [np.mean([b["curves"]["reward_median"][j] for b in bons]) for j in range(len(ns))]
+        axes[0].plot(ns, ys, ls="--", color="k", marker="s", ms=3, label="best-of-N (inference queries)")
+        axes[0].axhline(ys[0], color="gray", ls=":", label="pretrained")
+        axes[1].scatter([b["metrics"]["reward_median"] for b in bons], [b["metrics"]["nll"] for b in bons],
+                        color="k", marker="s", s=18, label=f"best-of-{ns[-1]}")
+        axes[1].scatter([b["pretrained"]["reward_median"] for b in bons], [b["pretrained"]["nll"] for b in bons],
+                        color="gray", marker="x", s=18, label="pretrained")
+    axes[0].set_xscale("log", base=2)
+    axes[0].set_xlabel(f"oracle queries per output sample ({n_out} samples; fine-tuning: training queries / {n_out})")
+    axes[0].set_ylabel(f"median {spec.reward_name}")
+    axes[1].set_xlabel(f"median {spec.reward_name} (seeds 10-14)")
+    axes[1].set_ylabel("NLL under p_pre (nats)")
+    for ax in axes:
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=6.5)
+    fig.suptitle(spec.title)
+    fig.tight_layout()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / "vidd_curves.png"
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    try:
+        return str(path.resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(path)
