@@ -87,29 +87,31 @@ def run_one(method: str, seed: int, sft, task, evaluator: Evaluator, rl: dict, e
     starting at the SFT model."""
     policy, ref = copy.deepcopy(sft), copy.deepcopy(sft)
     curve = [{"updates": 0, "optimizer_steps": 0, "tokens": 0, **evaluator(policy)}]
-    state = {"next_eval": eval_tokens, "eval_s": 0.0, "opt_steps": 0}
+    state = {"next_eval": eval_tokens, "eval_s": 0.0, "eval_cpu_s": 0.0, "opt_steps": 0}
 
     def log_fn(m: dict) -> None:
         state["opt_steps"] += m.get("optimizer_steps", 0)
         if m["generated_tokens"] >= state["next_eval"]:
-            t = time.perf_counter()
+            t, c = time.perf_counter(), time.process_time()
             curve.append({"updates": m["update"], "optimizer_steps": state["opt_steps"],
                           "tokens": m["generated_tokens"], **evaluator(policy)})
             state["eval_s"] += time.perf_counter() - t
+            state["eval_cpu_s"] += time.process_time() - c
             while state["next_eval"] <= m["generated_tokens"]:
                 state["next_eval"] += eval_tokens
 
     t0, cpu0 = time.perf_counter(), time.process_time()
     out = train(method, policy, ref, task, RLConfig(seed=seed, **rl), log_fn=log_fn)
     wall = time.perf_counter() - t0 - state["eval_s"]
-    cpu = time.process_time() - cpu0 - state["eval_s"]  # evaluations are single-threaded, so wall ~ CPU there
+    cpu = time.process_time() - cpu0 - state["eval_cpu_s"]  # on a loaded machine wall >> CPU: subtract like with like
     if curve[-1]["updates"] != out["updates"]:
         curve.append({"updates": out["updates"], "optimizer_steps": state["opt_steps"],
                       "tokens": out["generated_tokens"], **evaluator(policy)})
     hist = out["history"]
     return {"method": method, "seed": seed, "rl": rl, "updates": out["updates"],
             "optimizer_steps": state["opt_steps"], "generated_tokens": out["generated_tokens"],
-            "train_wall_s": wall, "train_cpu_s": cpu, "max_prompts": max((h["prompts"] for h in hist), default=0),
+            "train_wall_s": wall, "train_cpu_s": cpu, "eval_cpu_s": state["eval_cpu_s"],
+            "max_prompts": max((h["prompts"] for h in hist), default=0),
             "valid_ratio": statistics.fmean(h["valid_prompt_ratio"] for h in hist) if hist else float("nan"),
             "valid_token_ratio": sum(h["valid_train_tokens"] for h in hist) / max(out["generated_tokens"], 1),
             "mean_leaf_reward": [h.get("mean_leaf_reward", h["mean_reward"]) for h in hist],

@@ -174,3 +174,37 @@ def summarize_branching(records: Sequence[dict], deltas: Sequence[int] = (1, 2, 
             "spearman_n": {k: len(v) for k, v in corr.items()},
             "rules": {k: stats(v) for k, v in picks.items()},
             "atb_equals_earliest": {d: mean([float(x) for x in v]) for d, v in atb_is_earliest.items()}}
+
+
+def step_rank_correlations(records: Sequence[dict], delta: int, seed: int = 0) -> list[dict]:
+    """Per branched response of :func:`branch_every_step`: the rank correlation with the measured influence of each
+    step (its outcome-flip rate) of three orderings of the branching candidates (computation steps after the first;
+    the answer line is left out): FCI at ``delta``, earliness (earlier ranks higher, the paper's "early steps"
+    ablation) and a random ordering (``random.Random(seed)``, one permutation per response).
+
+    Responses whose flip rate is the same at every candidate carry no influence ranking and are left out. An
+    ordering that is constant over the candidates (FCI all zero, say) ranks nothing: it counts as 0, not as missing,
+    so a blind FCI cannot win by abstaining. Returns ``[{"difficulty", "fci", "earliest", "random", "steps"}]``.
+    """
+    import random
+
+    rng = random.Random(seed)
+    out = []
+    for rec in records:
+        steps = rec["steps"][:-1]
+        if len(steps) < 2:
+            continue
+        order = list(range(len(steps)))
+        rng.shuffle(order)  # drawn for every response, so one response's skip does not shift the others'
+        flip = [s["flip"] for s in steps]
+        if len(set(flip)) < 2:
+            continue
+        fci = [s["fci"][delta] if delta in s["fci"] else s["fci"][str(delta)] for s in steps]
+
+        def corr(x: Sequence[float]) -> float:
+            c = spearman(x, flip)
+            return 0.0 if math.isnan(c) else c
+
+        out.append({"difficulty": rec["difficulty"], "fci": corr(fci), "earliest": corr([-s["step"] for s in steps]),
+                    "random": corr(order), "steps": len(steps)})
+    return out

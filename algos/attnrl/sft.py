@@ -13,6 +13,7 @@ import logging
 import os
 import random
 import tempfile
+import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -120,56 +121,109 @@ def sft_loss(policy: Policy, prompts: Sequence[Sequence[int]], responses: Sequen
     return -(scores.logprobs.sum() / scores.mask.sum())
 
 
+class SFTRun:
+    """One pretraining run that can stop and resume: :meth:`advance` trains until the stopping rule fires or a time
+    limit is reached, and :meth:`state_dict` / :meth:`load_state_dict` carry everything resuming needs (weights,
+    optimizer and schedule, step, curriculum level, the problem sampler's and torch's RNG, the history), so a run
+    cut into pieces trains exactly as one uninterrupted :func:`pretrain` does (same torch build)."""
+
+    def __init__(self, policy: Policy, task, cfg: SFTConfig | None = None,
+                 log_fn: Callable[[dict], None] | None = None) -> None:
+        self.policy, self.task, self.cfg, self.log_fn = policy, task, cfg or SFTConfig(), log_fn
+        cfg = self.cfg
+        torch.manual_seed(cfg.seed)
+        self.rng = random.Random(cfg.seed)
+        self.lo, self.hi = task.cfg.min_steps, task.cfg.max_steps
+        self.eval_sets: dict[int, list] = defaultdict(list)
+        for p in task.evaluation_problems(cfg.eval_problems_per_difficulty, seed=cfg.seed + 1):
+            self.eval_sets[p.difficulty].append(p)
+        self.short = [p for d, ps in self.eval_sets.items() if d <= cfg.short_difficulty for p in ps]
+        self.cap = self.lo if cfg.curriculum else self.hi
+        self.opt = torch.optim.AdamW(policy.model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+        self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lambda s: min(1.0, (s + 1) / cfg.warmup_steps))
+        self.history: list[dict] = []
+        self.step = 0
+        self.done = False
+
+    def advance(self, until: float | None = None, steps: int | None = None) -> bool:
+        """Train until the stopping rule fires or ``max_steps`` is reached (True), or until ``time.monotonic()``
+        passes ``until`` or ``steps`` more steps are done (False: call again, possibly after a save and a resume)."""
+        cfg, model, codec = self.cfg, self.policy.model, self.policy.codec
+        eos = [codec.eos_id]
+        stop_at = None if steps is None else self.step + steps
+        while not self.done:
+            if self.step >= cfg.max_steps:
+                self.done = True
+                break
+            if (until is not None and time.monotonic() >= until) or (stop_at is not None and self.step >= stop_at):
+                model.eval()
+                return False
+            self.step += 1
+            model.train()
+            batch = [self.task.sample(self.rng, 1, difficulty=self.rng.randint(self.lo, self.cap))[0]
+                     for _ in range(cfg.batch_size)]
+            loss = sft_loss(self.policy, [codec.encode(p.prompt) for p in batch],
+                            [codec.encode(p.solution) + eos for p in batch])
+            self.opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+            self.opt.step()
+            self.sched.step()
+            if self.step % cfg.eval_every == 0:
+                self.done = self._evaluate(float(loss.detach()))
+        model.eval()
+        return True
+
+    def _evaluate(self, loss: float) -> bool:
+        """One evaluation record (curriculum level, or the stopping quantity); True when training should stop."""
+        cfg = self.cfg
+        record = {"step": self.step, "loss": loss, "difficulty_cap": self.cap}
+        if self.cap < self.hi:
+            record["cap_accuracy"] = evaluate_accuracy(self.policy, self.task, self.eval_sets[self.cap]).accuracy
+            if record["cap_accuracy"] >= cfg.curriculum_threshold:
+                self.cap += 1
+        elif cfg.target_step_error is not None:
+            record["step_error"] = step_error(self.policy, self.eval_sets[self.hi])
+        else:
+            record["short_accuracy"] = evaluate_accuracy(self.policy, self.task, self.short).accuracy
+        self.history.append(record)
+        log.info("sft %s", record)
+        if self.log_fn:
+            self.log_fn(record)
+        return (record.get("short_accuracy", 0.0) >= cfg.target_short_accuracy
+                or record.get("step_error", 1.0) <= (cfg.target_step_error or 0.0))
+
+    def result(self) -> dict:
+        """Steps, history and greedy accuracy by difficulty on the SFT evaluation set (the ``pretrain`` info)."""
+        self.policy.model.eval()
+        final = evaluate_accuracy(self.policy, self.task, [p for ps in self.eval_sets.values() for p in ps])
+        return {"steps": self.step, "history": list(self.history), "accuracy": final.accuracy,
+                "by_difficulty": final.by_difficulty}
+
+    def state_dict(self) -> dict:
+        return {"model": self.policy.model.state_dict(), "optimizer": self.opt.state_dict(),
+                "scheduler": self.sched.state_dict(), "step": self.step, "cap": self.cap, "done": self.done,
+                "rng": self.rng.getstate(), "torch_rng": torch.get_rng_state(), "history": list(self.history),
+                "config": repr(self.cfg)}
+
+    def load_state_dict(self, state: dict) -> None:
+        if state["config"] != repr(self.cfg):
+            raise ValueError(f"SFT checkpoint was made with {state['config']}, not {self.cfg!r}")
+        self.policy.model.load_state_dict(state["model"])
+        self.opt.load_state_dict(state["optimizer"])
+        self.sched.load_state_dict(state["scheduler"])
+        self.step, self.cap, self.done = state["step"], state["cap"], state["done"]
+        self.rng.setstate(state["rng"])
+        torch.set_rng_state(state["torch_rng"])
+        self.history = list(state["history"])
+
+
 def pretrain(policy: Policy, task, cfg: SFTConfig | None = None,
              log_fn: Callable[[dict], None] | None = None) -> dict:
     """AdamW on freshly sampled problems (difficulty curriculum optional) until the stopping rule fires."""
-    cfg = cfg or SFTConfig()
-    torch.manual_seed(cfg.seed)
-    rng = random.Random(cfg.seed)
-    lo, hi = task.cfg.min_steps, task.cfg.max_steps
-    eval_sets = defaultdict(list)
-    for p in task.evaluation_problems(cfg.eval_problems_per_difficulty, seed=cfg.seed + 1):
-        eval_sets[p.difficulty].append(p)
-    short = [p for d, ps in eval_sets.items() if d <= cfg.short_difficulty for p in ps]
-    cap = lo if cfg.curriculum else hi
-    model, codec = policy.model, policy.codec
-    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / cfg.warmup_steps))
-    eos = [codec.eos_id]
-    history = []
-    step = 0
-    for step in range(1, cfg.max_steps + 1):
-        model.train()
-        batch = [task.sample(rng, 1, difficulty=rng.randint(lo, cap))[0] for _ in range(cfg.batch_size)]
-        loss = sft_loss(policy, [codec.encode(p.prompt) for p in batch],
-                        [codec.encode(p.solution) + eos for p in batch])
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-        opt.step()
-        sched.step()
-        if step % cfg.eval_every:
-            continue
-        record = {"step": step, "loss": float(loss.detach()), "difficulty_cap": cap}
-        if cap < hi:
-            record["cap_accuracy"] = evaluate_accuracy(policy, task, eval_sets[cap]).accuracy
-            if record["cap_accuracy"] >= cfg.curriculum_threshold:
-                cap += 1
-        elif cfg.target_step_error is not None:
-            record["step_error"] = step_error(policy, eval_sets[hi])
-        else:
-            record["short_accuracy"] = evaluate_accuracy(policy, task, short).accuracy
-        history.append(record)
-        log.info("sft %s", record)
-        if log_fn:
-            log_fn(record)
-        if record.get("short_accuracy", 0.0) >= cfg.target_short_accuracy:
-            break
-        if record.get("step_error", 1.0) <= (cfg.target_step_error or 0.0):
-            break
-    model.eval()
-    final = evaluate_accuracy(policy, task, [p for ps in eval_sets.values() for p in ps])
-    return {"steps": step, "history": history, "accuracy": final.accuracy, "by_difficulty": final.by_difficulty}
+    run = SFTRun(policy, task, cfg, log_fn)
+    run.advance()
+    return run.result()
 
 
 CACHE_VERSION = 1  # bump when the model, task or training code changes what a given config produces

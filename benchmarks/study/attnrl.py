@@ -162,7 +162,8 @@ def run_sft(ctx: UnitContext) -> dict | None:
     from algos.attnrl.sft import SFTConfig, SFTRun
     _, sft_task = tasks()
     policy = new_policy(sft_task)
-    cfg = SFTConfig(**(SFT | {"max_steps": ctx.size("sft_max_steps", SFT["max_steps"])}))
+    cfg = SFTConfig(**(SFT | {"max_steps": ctx.size("sft_max_steps", SFT["max_steps"]),
+                              "eval_problems_per_difficulty": ctx.size("sft_eval_problems", 32)}))
     run = SFTRun(policy, sft_task, cfg,
                  log_fn=lambda r: ctx.progress(r["step"], cfg.max_steps, "steps",
                                                **{k: v for k, v in r.items() if k != "step"}))
@@ -291,14 +292,15 @@ def run_rl(ctx: UnitContext) -> dict:
         lr, scores = chosen_lr(ctx.records(), method)
     task, sft, _ = load_sft(ctx)
     tokens = ctx.size("tokens", TOKENS)
-    rl = {**RL, "token_budget": tokens, "lr": lr, **overrides}
+    sizes = {"token_budget": tokens, "prompts_per_batch": ctx.size("prompts_per_batch", RL["prompts_per_batch"])}
+    rl = {**RL, **sizes, "lr": lr, **overrides}
     if rl.get("ads") == "off":
         rl["ads"] = AdaptiveSamplingConfig(difficulty_expansion=False, attention_filter=False,
                                            zero_advantage_filter=False, adaptive_batch=False)
     eval_tokens = max(tokens // EVAL_POINTS, 1)
     run = run_one(algo, ctx.seed, sft, task, evaluator(task, ctx), rl, eval_tokens)
     curve = run.pop("curve")
-    run["rl"] = {**RL, "token_budget": tokens, "lr": lr, **overrides}
+    run["rl"] = {**RL, **sizes, "lr": lr, **overrides}
     end = curve[-1]
     ctx.progress(run["generated_tokens"], tokens, "tokens", sampled_longest=end["sampled_longest"])
     return {"metrics": {"sampled_longest_end": end["sampled_longest"], "greedy_end": end["greedy"],

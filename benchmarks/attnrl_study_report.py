@@ -1,0 +1,309 @@
+"""The RESULTS.md section of AttnRL's study (benchmarks/study/attnrl.py), from its JSON records alone.
+
+Numbers are taken at the matched token count of each seed (the smallest final total among that seed's reported
+runs); the primary metric is the sampled accuracy on the longest problems, averaged over the last quarter of the
+matched range (benchmarks/attnrl_report.py: late_mean). Differences are seed-paired, with 95 % Student-t intervals;
+a claim counts as shown only when its interval excludes zero in the claimed direction.
+"""
+from __future__ import annotations
+
+import math
+import statistics
+from pathlib import Path
+
+from benchmarks.attnrl_report import PRIMARY, interpolate, late_mean
+
+TITLE = "## AttnRL vs GRPO and branching controls on the cone task (`python -m benchmarks.study attnrl`)"
+COMMAND = "nice -n 19 python -m benchmarks.study attnrl run   # then: python -m benchmarks.study attnrl report"
+PLOT = "attnrl.png"
+ORDER = ("attnrl", "grpo", "entropy_tree", "attn_tree", "earliest_tree", "random_tree", "oracle_tree",
+         "attnrl_ads_only", "attnrl_offpolicy_only")
+# (a, b, what "a - b > 0" would show)
+COMPARISONS = [("attnrl", "grpo", "AttnRL ahead of GRPO"),
+               ("attnrl", "entropy_tree", "AttnRL ahead of entropy branching (TreeRL)"),
+               ("attn_tree", "entropy_tree", "ATB alone ahead of entropy branching"),
+               ("attn_tree", "grpo", "ATB alone ahead of GRPO"),
+               ("attn_tree", "earliest_tree", "FCI ahead of the two earliest steps"),
+               ("attn_tree", "random_tree", "FCI ahead of random steps"),
+               ("attnrl", "attn_tree", "ADS + off-policy add to ATB"),
+               ("attnrl_ads_only", "attn_tree", "ADS adds to ATB (seeds 10-11)"),
+               ("attnrl_offpolicy_only", "attn_tree", "one-step off-policy adds to ATB (seeds 10-11)"),
+               ("oracle_tree", "attn_tree", "the cone oracle ahead of FCI (ceiling; seeds 10-11)"),
+               ("entropy_tree", "grpo", "entropy branching ahead of GRPO")]
+
+
+def _t(values: list[float]) -> tuple[float, float, float]:
+    from benchmarks.study.stats import t_interval
+    return t_interval(values)
+
+
+def _fmt(stat, pattern: str = "{:.3f}") -> str:
+    from benchmarks.study.stats import fmt_interval
+    return fmt_interval(tuple(stat), pattern)
+
+
+def _signed(stat) -> str:
+    return _fmt(stat, "{:+.3f}")
+
+
+def _holds(stat) -> str:
+    _, low, high = stat
+    if not (math.isfinite(low) and math.isfinite(high)):
+        return "n/a (fewer than 2 seeds)"
+    return "shown" if low > 0 else ("reversed" if high < 0 else "not shown (interval spans 0)")
+
+
+# ------------------------------------------------------------------------------------------------ sections
+
+def sft_lines(sft: dict | None, gate: dict | None) -> list[str]:
+    if sft is None:
+        return ["SFT: not finished yet (its stage checkpoints into `benchmarks/results/attnrl/artifacts/sft/`)."]
+    m, s = sft["metrics"], sft.get("settings", {})
+    lines = [f"SFT (`sft` stage, {sft.get('calls', 1)} call(s), {sft['cpu_s'] / 60:.0f} CPU-min): task "
+             f"`{s.get('task')}`, model `{s.get('model')}`, {m['steps']} steps, stopped by the "
+             f"{'step-error rule' if m['stopped_by'] == 'rule' else 'step cap'} (per-line error at T=1 on the longest "
+             f"problems {m['step_error'] if m['step_error'] is not None else 'n/a'}); greedy accuracy by difficulty "
+             "on its curriculum set: " + ", ".join(f"{d}: {v:.2f}" for d, v in m["greedy_by_difficulty"].items())
+             + "."]
+    if gate is not None:
+        e = gate["sft"]["eval"]
+        lines.append(f"SFT on the study's evaluation set: sampled accuracy on the longest problems {e[PRIMARY]:.3f}, "
+                     f"greedy {e['greedy']:.3f} (by difficulty " +
+                     ", ".join(f"{d}: {v:.2f}" for d, v in e["by_difficulty"].items()) + ").")
+    return lines
+
+
+def gate_lines(gate: dict | None) -> list[str]:
+    if gate is None:
+        return ["**FCI gate: not run yet.** No RL unit runs before it."]
+    m, dec = gate["metrics"], gate["decision"]
+    lines = [f"**FCI gate** (`gate` unit, delta = {m['delta']}): the SFT model's responses to "
+             f"{m['problems_per_difficulty']} problems per difficulty (kept, line count matching the program: "
+             + ", ".join(f"{d} steps: {n}" for d, n in m["responses_kept"].items()) +
+             ") are branched at every computation step after the first, 4 continuations each; a step's measured "
+             "influence on the answer is its outcome-flip rate. Per response, Spearman correlation of each ordering "
+             "of the steps with that influence (responses with a constant flip rate left out; a constant ordering "
+             "counts 0); mean [95 % t-interval] over responses:", "",
+             "| difficulty | responses | FCI | earliest first | random | FCI - earliest | FCI - random |",
+             "|---|---|---|---|---|---|---|"]
+    rows = [("all", dec["overall"])] + list(dec["by_difficulty"].items())
+    for name, r in rows:
+        lines.append(f"| {name} | {r['responses']} | {_signed(r['fci'])} | {_signed(r['earliest'])} | "
+                     f"{_signed(r['random'])} | {_signed(r['fci_minus_earliest'])} | {_signed(r['fci_minus_random'])} |")
+    lines += ["", "FCI at other deltas (all difficulties): " + "; ".join(
+        f"delta {d}: FCI {_signed(r['fci'])}, FCI - earliest {_signed(r['fci_minus_earliest'])}"
+        for d, r in gate["other_deltas"].items()) + "."]
+    rules = gate["summary"].get("rules", {})
+    if rules:
+        lines += ["", "Branch points each rule picks (N = 2) on the same responses: share in the answer's dependency "
+                      "cone, mean outcome-flip rate, share of branch groups with mixed outcomes (the signal a tree "
+                      "needs):", "", "| rule | in cone | flip rate | mixed groups |", "|---|---|---|---|"]
+        for name, v in rules.items():
+            lines.append(f"| {name} | {v['in_cone']:.2f} | {v['flip']:.3f} | {v['mixed']:.3f} |")
+    verdict = ("**FCI beats both** (both paired intervals above 0): the RL units run." if m["fci_beats_both"] else
+               f"**FCI does not beat both** (beats earliest: {m['beats_earliest']}, beats random: "
+               f"{m['beats_random']}): on this task attention leaves the mechanism no room, so the RL units refuse "
+               "to run; the task has to change before RL seeds are spent (no AttnRL claim is read from this study).")
+    if not m.get("enough_responses", True):
+        verdict += " Caution: some difficulty has fewer than 24 usable responses."
+    return lines + ["", verdict]
+
+
+def tuning_lines(records: list[dict]) -> list[str]:
+    from benchmarks.study import attnrl as study
+    tunes = [r for r in records if r["role"] == "tune"]
+    if not tunes:
+        return []
+    by = {r["unit"]: r for r in records}
+    methods = [m for m in ORDER if any(r["method"] == m for r in tunes)]
+    grid = sorted({float(r["setting"]["lr"]) for r in tunes})
+    lines = [f"Tuning (seed(s) {sorted({r['seed'] for r in tunes})}, the same lr grid for every tuned method; score = "
+             "primary metric at the run's own final tokens; oracle and the AttnRL ablations take the lr of the "
+             "method they vary):", "", "| method | " + " | ".join(f"lr {lr:g}" for lr in grid) + " | chosen |",
+             "|---" * (len(grid) + 2) + "|"]
+    for m in methods:
+        scores = study.tuning_scores(by, m)
+        chosen = max(grid, key=lambda lr: (scores.get(lr, -1.0), -lr)) if len(scores) == len(grid) else None
+        lines.append(f"| {m} | " + " | ".join(f"{scores[lr]:.3f}" if lr in scores else "-" for lr in grid)
+                     + f" | {f'{chosen:g}' if chosen is not None else 'pending'} |")
+    return lines
+
+
+def reported(records: list[dict]) -> tuple[dict[str, dict[int, dict]], dict[int, float]]:
+    """runs[method][seed] of the reported units, and the matched token count of each seed."""
+    by: dict[str, dict[int, dict]] = {}
+    for r in records:
+        if r["role"] == "report":
+            by.setdefault(r["method"], {})[r["seed"]] = r
+    seeds = sorted({s for v in by.values() for s in v})
+    matched = {s: min(v[s]["run"]["generated_tokens"] for v in by.values() if s in v) for s in seeds}
+    return by, matched
+
+
+def _late(r: dict, tokens: float, key: str = PRIMARY) -> float:
+    return late_mean(r["curves"]["eval"], tokens, key)
+
+
+def _ms(values: list[float], pattern: str = "{:.3f}") -> str:
+    return _fmt(_t(values), pattern) if values else "-"
+
+
+def main_tables(by: dict, matched: dict) -> tuple[list[str], dict]:
+    methods = [m for m in ORDER if m in by]
+    primary = {m: {s: _late(r, matched[s]) for s, r in by[m].items()} for m in methods}
+    any_run = next(iter(next(iter(by.values())).values()))
+    diffs = sorted(any_run["curves"]["eval"][0]["by_difficulty"], key=int)
+    sft = any_run["curves"]["eval"][0]
+    lines = ["Mean [95 % t-interval] over the reported seeds, every number at the matched token count of its seed, "
+             "last-quarter mean of the curve:", "",
+             "| method | seeds | lr | **sampled acc., longest** | greedy acc., longest | greedy acc., all | " +
+             " | ".join(f"greedy d={d}" for d in diffs) + " | updates | generated tokens |",
+             "|---" * (len(diffs) + 8) + "|",
+             f"| SFT | - | - | {sft[PRIMARY]:.3f} | {sft['greedy_longest']:.3f} | {sft['greedy']:.3f} | " +
+             " | ".join(f"{sft['by_difficulty'][d]:.3f}" for d in diffs) + " | 0 | 0 |"]
+    for m in methods:
+        rs = [by[m][s] for s in sorted(by[m])]
+        late = lambda key: [_late(r, matched[r["seed"]], key) for r in rs]  # noqa: E731
+        by_d = []
+        for d in diffs:
+            vals = [late_mean([{**c, "v": c["by_difficulty"][d]} for c in r["curves"]["eval"]], matched[r["seed"]], "v")
+                    for r in rs]
+            by_d.append(_ms(vals))
+        lrs = sorted({r["lr"] for r in rs})
+        lines.append(f"| {m} | {len(rs)} | {', '.join(f'{x:g}' for x in lrs)} | {_ms(list(primary[m].values()))} | "
+                     f"{_ms(late('greedy_longest'))} | {_ms(late('greedy'))} | " + " | ".join(by_d) +
+                     f" | {_ms(late('updates'), '{:.0f}')} | {_ms([r['run']['generated_tokens'] for r in rs], '{:.0f}')} |")
+    from benchmarks.study.stats import paired
+    lines += ["", "Seed-paired differences of the primary metric (a - b over the seeds both have):", "",
+              "| a - b | would show | seeds | per seed | mean [95 % t-interval] | verdict |", "|---|---|---|---|---|---|"]
+    stats = {}
+    for a, b, claim in COMPARISONS:
+        if a not in primary or b not in primary:
+            continue
+        common = sorted(set(primary[a]) & set(primary[b]))
+        st = paired(primary[a], primary[b])
+        stats[(a, b)] = st
+        lines.append(f"| {a} - {b} | {claim} | {len(common)} | " +
+                     ", ".join(f"{primary[a][s] - primary[b][s]:+.3f}" for s in common) +
+                     f" | {_signed(st)} | {_holds(st)} |")
+    lines += ["", "Tokens and updates to reach GRPO's final accuracy (GRPO's last-quarter mean of the same seed; first "
+                  "evaluation at or above it; per seed), and cost:", "",
+              "| method | reach: updates / tokens per seed | train CPU-s per run | generated tokens per train CPU-s | "
+              "valid-prompt ratio | valid trained tokens per generated token | unit CPU-s |", "|---|---|---|---|---|---|---|"]
+    for m in methods:
+        reach = []
+        for s in sorted(by[m]):
+            target = primary.get("grpo", {}).get(s)
+            curve = by[m][s]["curves"]["eval"]
+            hit = None if target is None else next((c for c in curve[1:] if c[PRIMARY] >= target), None)
+            reach.append("-" if target is None else "never" if hit is None else
+                         f"{hit['updates']} / {hit['tokens'] / 1000:.0f}k")
+        runs = [by[m][s]["run"] for s in sorted(by[m])]
+        lines.append(f"| {m} | {', '.join(reach)} | {_ms([r['train_cpu_s'] for r in runs], '{:.0f}')} | "
+                     f"{_ms([r['generated_tokens'] / max(r['train_cpu_s'], 1e-9) for r in runs], '{:.0f}')} | "
+                     f"{_ms([r['valid_ratio'] for r in runs], '{:.2f}')} | "
+                     f"{_ms([r['valid_token_ratio'] for r in runs], '{:.2f}')} | "
+                     f"{_ms([by[m][s]['cpu_s'] for s in sorted(by[m])], '{:.0f}')} |")
+    return lines, {"primary": primary, "stats": stats}
+
+
+def plot(by: dict, matched: dict, path: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(13, 4.5))
+    top = min(matched.values())
+    for i, m in enumerate(m for m in ORDER if m in by):
+        rs = list(by[m].values())
+        style = {"color": f"C{i}", "lw": 2 if m in ("attnrl", "grpo", "entropy_tree") else 1.2,
+                 "ls": "--" if m.startswith("attnrl_") or m == "oracle_tree" else "-",
+                 "label": f"{m} ({len(rs)} seeds)"}
+        grid = [top * k / 24 for k in range(25)]
+        axes[0].plot(grid, [statistics.fmean(interpolate(r["curves"]["eval"], t, PRIMARY) for r in rs) for t in grid],
+                     **style)
+        ups = min(r["curves"]["eval"][-1]["updates"] for r in rs)
+        ugrid = [ups * k / 24 for k in range(25)]
+        curves = [[{**c, "tokens": c["updates"]} for c in r["curves"]["eval"]] for r in rs]
+        axes[1].plot(ugrid, [statistics.fmean(interpolate(c, u, PRIMARY) for c in curves) for u in ugrid], **style)
+    sft = next(iter(next(iter(by.values())).values()))["curves"]["eval"][0][PRIMARY]
+    for ax, xl in zip(axes, ("generated tokens", "updates (policy-update rounds)")):
+        ax.axhline(sft, color="0.5", ls=":", lw=1, label="SFT")
+        ax.set_xlabel(xl)
+        ax.set_ylabel("sampled accuracy, longest problems (mean over seeds)")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=80)
+    plt.close(fig)
+
+
+def reading_lines(gate: dict | None, stats: dict, done: int, planned: int) -> list[str]:
+    """The reading, mechanical where it can be: every sentence below follows from a number above."""
+    lines = ["Reading (each verdict is read off its interval; nothing here is a claim the table does not carry):"]
+    if gate is None or not gate["metrics"]["fci_beats_both"]:
+        return lines + ["- The gate has not passed, so no RL comparison exists on this task: the study answers "
+                        "\"does attention-guided branching help where it has room\" with \"this task gives it none\"."]
+    if done < planned:
+        lines.append(f"- **Incomplete: {done} of {planned} reported units recorded.** Intervals over fewer seeds are "
+                     "wider; read nothing into a verdict that later seeds can change.")
+
+    def say(a: str, b: str, text: str) -> None:
+        st = stats.get((a, b))
+        if st is not None:
+            lines.append(f"- {text}: {_signed(st)}, {_holds(st)}.")
+
+    say("attnrl", "grpo", "AttnRL vs GRPO at equal tokens (the paper's claim)")
+    say("attnrl", "entropy_tree", "AttnRL vs entropy branching")
+    say("attn_tree", "entropy_tree", "Where to branch, attention vs entropy (ATB alone)")
+    say("attn_tree", "earliest_tree", "FCI vs the earliest steps (does FCI carry more than position?)")
+    say("attn_tree", "random_tree", "FCI vs random steps")
+    say("attnrl", "attn_tree", "What ADS + off-policy add on top of ATB")
+    say("attnrl_ads_only", "attn_tree", "ADS alone (2 seeds: t with 1 degree of freedom, a wide interval)")
+    say("attnrl_offpolicy_only", "attn_tree", "Off-policy alone (2 seeds)")
+    say("oracle_tree", "attn_tree", "Headroom left by FCI (the cone oracle, 2 seeds)")
+    lines.append("- A part \"carries\" the gain only if its own row is shown and AttnRL vs GRPO is shown; tied rows "
+                 "mean this study cannot split the gain, not that the part does nothing.")
+    return lines
+
+
+def report(records: list[dict], out_dir: Path) -> str:
+    from benchmarks.study import attnrl as study
+    units = {r["unit"]: r for r in records}
+    sft, gate = units.get("sft"), units.get("gate")
+    planned = sum(u.role == "report" for u in study.units())
+    tokens = study.TOKENS
+    parts = [TITLE, "",
+             f"Command (repo root): `{COMMAND}`. Records: `benchmarks/results/attnrl/*.json` (one per unit; this "
+             "section is made from them alone).", "",
+             f"Setup: cone task `{study.TASK}` (only the answer's dependency cone changes it; distractor steps, early "
+             f"ones included, are attended to without mattering); one SFT model (`{study.MODEL}`) for every run; "
+             f"RL `{study.RL}`, n = 6, N = 2, T = 2, rho = 0.2; about {tokens // 1000}k generated tokens per run (every "
+             f"generation call counted; cut from the issue's ~200k only if the value here says so), evaluations every "
+             f"{tokens // study.EVAL_POINTS // 1000}k tokens on a fixed set ({study.EVAL['per_difficulty']} problems "
+             f"per difficulty greedy, the {study.EVAL['per_difficulty'] + study.EVAL['longest_extra']} longest "
+             f"problems x {study.EVAL['samples']} samples at T = {study.EVAL['temperature']}: the primary metric). "
+             f"Tuning seed(s) {list(study.TUNING_SEEDS)}, lr grid {list(study.LR_GRID)}; reported seeds 10-14 (oracle "
+             "and the two AttnRL ablations: 10-11).", ""]
+    parts += sft_lines(sft, gate) + [""] + gate_lines(gate) + [""]
+    tl = tuning_lines(records)
+    if tl:
+        parts += tl + [""]
+    by, matched = reported(records)
+    stats: dict = {}
+    if by:
+        tables, info = main_tables(by, matched)
+        stats = info["stats"]
+        parts += tables + [""]
+        plot(by, matched, out_dir / PLOT)
+        parts += [f"Plot: `benchmarks/results/attnrl/{PLOT}` (primary metric vs generated tokens and vs updates, "
+                  "mean over seeds; dashed: the oracle ceiling and the AttnRL ablations, 2 seeds).", ""]
+    else:
+        parts += ["No reported RL unit has finished yet.", ""]
+    done = sum(r["role"] == "report" for r in records)
+    parts += reading_lines(gate, stats, done, planned)
+    parts += ["", "Previous round (chain task, 1-4 steps, seeds 0-2, lr tuned on GRPO seed 0): AttnRL 0.640, GRPO "
+                  "0.655, entropy branching 0.627, all tied; short traces fix the branch points, which is why this "
+                  "study moved to the cone task and gates on FCI first."]
+    return "\n".join(parts).rstrip() + "\n"

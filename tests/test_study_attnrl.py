@@ -1,0 +1,99 @@
+"""AttnRL's study (benchmarks/study/attnrl.py): its plan, and one unit of each kind at tiny size through the
+runner's inline helper (SFT stage, FCI gate, a tuning unit, a reported unit), then the report from those records."""
+import importlib
+import json
+
+import pytest
+
+from benchmarks.study import attnrl as study
+from benchmarks.study.core import REPORTED_SEEDS, StudyError
+from benchmarks.study.runner import run_unit_inline
+
+TINY = {"sft_max_steps": 2, "sft_eval_problems": 2, "gate_problems": 2, "gate_continuations": 1, "eval_per_difficulty": 1,
+        "eval_longest_extra": 1, "eval_samples": 1, "tokens": 200, "prompts_per_batch": 2}
+
+
+def test_plan_is_valid():
+    plan = study.STUDY.plan()  # unique names, dependencies listed earlier
+    by = {u.name: u for u in plan}
+    assert [u.name for u in plan[:2]] == ["sft", "gate"] and plan[0].role == "stage" and plan[1].role == "gate"
+    for u in plan:
+        module, fn = u.fn.split(":")
+        assert callable(getattr(importlib.import_module(module), fn)), u.fn
+        assert all(a in by for a in u.after)
+        if u.role in ("tune", "report"):
+            assert "gate" in u.after, u.name  # no RL unit before the gate
+    for method in study.MAIN_METHODS:
+        assert sorted(u.seed for u in plan if u.role == "report" and u.method == method) == list(REPORTED_SEEDS)
+    for method, (_, _, seeds) in study.EXTRA_METHODS.items():
+        assert sorted(u.seed for u in plan if u.role == "report" and u.method == method) == list(seeds)
+    tunes = [u for u in plan if u.role == "tune"]
+    assert tunes and all(u.seed >= 100 for u in tunes)
+    grids = {}
+    for u in tunes:
+        grids.setdefault(u.method, set()).add(u.setting["lr"])
+    assert all(g == set(study.LR_GRID) for g in grids.values()), grids  # the same grid for every tuned method
+    for u in plan:
+        if u.role == "report":
+            source = study.LR_FROM.get(u.method, u.method)
+            assert {t.name for t in tunes if t.method == source} <= set(u.after), u.name
+
+
+def test_lr_choice_reads_the_tuning_records():
+    def rec(method, lr, accs):
+        curve = [{"tokens": 100 * i, "sampled_longest": a} for i, a in enumerate(accs)]
+        return {"role": "tune", "method": method, "setting": {"lr": lr}, "curves": {"eval": curve}}
+    records = {"a": rec("attnrl", 1e-4, [0.2, 0.3, 0.3]), "b": rec("attnrl", 3e-4, [0.2, 0.5, 0.6]),
+               "c": rec("grpo", 1e-4, [0.2, 0.6, 0.7]), "d": rec("grpo", 3e-4, [0.2, 0.1, 0.1])}
+    assert study.chosen_lr(records, "attnrl")[0] == 3e-4
+    assert study.chosen_lr(records, "grpo")[0] == 1e-4
+    assert study.chosen_lr(records, "attnrl_ads_only")[0] == 3e-4  # the ablations take AttnRL's lr
+    with pytest.raises(StudyError, match="no tuning record"):
+        study.chosen_lr(records, "entropy_tree")
+
+
+def test_gate_decision_needs_fci_ahead_of_both_orderings():
+    rows = [{"difficulty": 6 + i % 2, "fci": 0.6 + 0.01 * i, "earliest": 0.1 - 0.01 * i, "random": 0.02 * (-1) ** i}
+            for i in range(10)]
+    good = study.gate_decision(rows, min_per_difficulty=5)
+    assert good["fci_beats_both"] and good["enough_responses"]
+    tied = study.gate_decision([r | {"earliest": r["fci"] + 0.05 * (-1) ** i} for i, r in enumerate(rows)], 5)
+    assert tied["beats_random"] and not tied["beats_earliest"] and not tied["fci_beats_both"]
+    assert not study.gate_decision(rows, min_per_difficulty=6)["enough_responses"]
+
+
+@pytest.mark.slow
+def test_one_unit_of_each_kind_at_tiny_size(tmp_path):
+    from benchmarks.attnrl_study_report import report
+    root = tmp_path / "results"
+    sft = run_unit_inline(study.STUDY, "sft", results_root=root, overrides=TINY)
+    assert sft["metrics"]["steps"] == 2 and sft["metrics"]["stopped_by"] == "max_steps"
+    art = root / "attnrl" / "artifacts" / "sft"
+    assert (art / "model.pt").exists() and (art / "checkpoint.pt").exists()
+
+    gate = run_unit_inline(study.STUDY, "gate", results_root=root, overrides=TINY)
+    assert gate["start_sha"] and gate["metrics"]["fci_beats_both"] is False  # an untrained model ranks nothing
+    tune_name = f"tune-grpo-lr{study._lr_name(study.LR_GRID[0])}-s{study.TUNING_SEEDS[0]}"
+    with pytest.raises(StudyError, match="refused: the FCI gate failed"):
+        run_unit_inline(study.STUDY, tune_name, results_root=root, overrides=TINY)
+    refused = report([sft, gate], root / "attnrl")
+    assert "FCI does not beat both" in refused and "No reported RL unit" in refused
+
+    # past the gate (its record is edited here: a 2-step SFT model cannot pass it), every RL kind runs
+    path = root / "attnrl" / "gate.json"
+    path.write_text(json.dumps(gate | {"metrics": gate["metrics"] | {"fci_beats_both": True}}))
+    for lr in study.LR_GRID:
+        for method in ("grpo", "attnrl"):
+            name = f"tune-{method}-lr{study._lr_name(lr)}-s{study.TUNING_SEEDS[0]}"
+            tuned = run_unit_inline(study.STUDY, name, results_root=root, overrides=TINY)
+            assert tuned["lr"] == lr and tuned["run"]["generated_tokens"] > 0
+            curve = tuned["curves"]["eval"]
+            assert curve[0]["tokens"] == 0 and curve[-1]["tokens"] == tuned["run"]["generated_tokens"]
+    runs = [run_unit_inline(study.STUDY, f"{m}-s10", results_root=root, overrides=TINY)
+            for m in ("grpo", "attnrl_offpolicy_only")]
+    assert runs[0]["lr"] in study.LR_GRID and runs[0]["start_sha"] == gate["start_sha"]
+    assert runs[1]["algo"] == "attnrl" and runs[1]["run"]["rl"]["ads"] == "off"
+    records = [json.loads(p.read_text()) for p in sorted((root / "attnrl").glob("*.json"))]
+    section = report(records, root / "attnrl")
+    assert section.startswith("## ") and "| grpo | 1 |" in section and "attnrl_offpolicy_only" in section
+    assert (root / "attnrl" / "attnrl.png").exists()
