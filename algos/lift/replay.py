@@ -100,7 +100,7 @@ class ReplayBuffer:
             "specs": {name: (shape, str(dtype).removeprefix("torch.")) for name, (shape, dtype) in self.specs.items()},
             "ptr": self.ptr,
             "size": self.size,
-            "storage": {name: t[: self.size].cpu().clone() for name, t in self.storage.items()},
+            "storage": {name: t[: self.size].to("cpu", copy=True) for name, t in self.storage.items()},  # one host copy
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:

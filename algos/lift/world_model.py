@@ -165,7 +165,7 @@ class WorldModel(nn.Module):
         """Per-dimension mean/std of the network input, the state and the one-step change (LIFT refits per dataset)."""
         state = torch.cat((batch["qpos"], batch["qvel"]), -1)
         next_state = torch.cat((batch["next_qpos"], batch["next_qvel"]), -1)
-        inputs = torch.cat((state[:, self.observed], batch["action"]), -1)
+        inputs = torch.cat((state.index_select(-1, self.observed), batch["action"]), -1)
         for prefix, values in (("input", inputs), ("state", state), ("delta", next_state - state)):
             getattr(self, f"{prefix}_mean").copy_(values.mean(0))
             getattr(self, f"{prefix}_std").copy_(values.std(0).clamp_min(1e-6))
@@ -208,7 +208,9 @@ class WorldModel(nn.Module):
         return slice(self.net.layers[-1].out_features - self.state_dim, None)
 
     def _net(self, state: Tensor, action: Tensor) -> Tensor:
-        x = (torch.cat((state[..., self.observed], action), -1) - self.input_mean) / self.input_std
+        # index_select, not state[..., observed]: a state on another device than the model fails here, on
+        # every device, naming both (plain indexing moves a CPU state's index silently on some builds)
+        x = (torch.cat((state.index_select(-1, self.observed), action), -1) - self.input_mean) / self.input_std
         # bf16 for the hidden layers only (CPU AMX); a float64 model ignores the flag (its head cannot run in fp32).
         bf16 = self.cfg.autocast_bf16 and self.net.layers[0].weight.dtype == torch.float32
         with torch.autocast(device_type=x.device.type, dtype=torch.bfloat16, enabled=bf16):

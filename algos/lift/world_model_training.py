@@ -8,7 +8,6 @@ Reported errors are ``multistep_errors``: open-loop MSE with the recorded action
 """
 from __future__ import annotations
 
-import copy
 import logging
 import math
 import time
@@ -45,12 +44,19 @@ class EarlyStopping:
 
 # ---------------------------------------------------------------------------------------------------------------- data
 
-def as_tensors(data: Mapping[str, np.ndarray | Tensor], dtype: torch.dtype = torch.float32) -> dict[str, Tensor]:
-    """The ``REQUIRED_COLUMNS`` (plus ``truncated`` if present) as tensors; flags become 0/1 of ``dtype``."""
+def as_tensors(data: Mapping[str, np.ndarray | Tensor], dtype: torch.dtype = torch.float32,
+               device: torch.device | str | None = None) -> dict[str, Tensor]:
+    """The ``REQUIRED_COLUMNS`` (plus ``truncated`` if present) as tensors on ``device`` (default the CPU); flags
+    become 0/1 of ``dtype``."""
     missing = [c for c in REQUIRED_COLUMNS if c not in data]
     if missing:
         raise ValueError(f"transition data lacks columns {missing}; need {REQUIRED_COLUMNS}")
-    return {c: torch.as_tensor(np.asarray(data[c]), dtype=dtype) for c in TRANSITION_COLUMNS if c in data}
+    return {c: torch.as_tensor(np.asarray(data[c]), dtype=dtype).to(device) for c in TRANSITION_COLUMNS if c in data}
+
+
+def model_device(model: WorldModel) -> torch.device:
+    """Where ``model`` computes (its scalers live with its weights): every batch fed to it goes there first."""
+    return model.delta_std.device
 
 
 def successor_index(data: Mapping[str, np.ndarray]) -> np.ndarray:
@@ -94,13 +100,19 @@ def windows(successor: np.ndarray, rows: np.ndarray, horizon: int) -> tuple[np.n
     return index, valid
 
 
+def take(t: Tensor, index: Tensor) -> Tensor:
+    """``t[index]`` for an integer ``index`` of any shape, by ``index_select``: an index on another device than ``t``
+    is an error here on every device (and under the fake-CUDA tests), not a silent host round trip."""
+    return t.index_select(0, index.reshape(-1)).reshape(*index.shape, *t.shape[1:])
+
+
 def gather_windows(tensors: Mapping[str, Tensor], index: np.ndarray, valid: np.ndarray) -> dict[str, Tensor]:
-    """The ``loss`` batch for window ``index`` (S, H)."""
-    idx = torch.as_tensor(index)
-    return {"qpos": tensors["qpos"][idx[:, 0]], "qvel": tensors["qvel"][idx[:, 0]],
-            "action": tensors["action"][idx], "next_qpos": tensors["next_qpos"][idx],
-            "next_qvel": tensors["next_qvel"][idx], "terminated": tensors["terminated"][idx],
-            "valid": torch.as_tensor(valid)}
+    """The ``loss`` batch for window ``index`` (S, H), on the device of ``tensors``."""
+    device = tensors["qpos"].device
+    idx = torch.as_tensor(index).to(device)
+    return {"qpos": take(tensors["qpos"], idx[:, 0]), "qvel": take(tensors["qvel"], idx[:, 0]),
+            **{k: take(tensors[k], idx) for k in ("action", "next_qpos", "next_qvel", "terminated")},
+            "valid": torch.as_tensor(valid).to(device)}
 
 
 def split_episodes(successor: np.ndarray, holdout_fraction: float,
@@ -115,19 +127,18 @@ def split_episodes(successor: np.ndarray, holdout_fraction: float,
 
 # ------------------------------------------------------------------------------------------------------------- metrics
 
-def usable_windows(tensors: Mapping[str, Tensor], successor: np.ndarray, rows: np.ndarray,
-                   horizon: int) -> np.ndarray:
-    """Row chains (S, horizon) from ``rows`` that stay in one episode with no termination before their last step."""
+def usable_windows(successor: np.ndarray, rows: np.ndarray, horizon: int) -> np.ndarray:
+    """Row chains (S, horizon) from ``rows`` that stay in one episode with no termination before their last step.
+    ``successor_index`` ends every chain at a termination (−1), so a chain valid over all its steps has none before
+    its last: the host-side index alone decides, whatever device the tensors are on."""
     index, valid = windows(successor, rows, horizon)
-    terminated = tensors["terminated"].numpy()[index].astype(bool)
-    return index[valid.all(1) & ~terminated[:, :-1].any(1)]
+    return index[valid.all(1)]
 
 
-def longest_usable_horizon(tensors: Mapping[str, Tensor], successor: np.ndarray, rows: np.ndarray,
-                           horizon: int) -> int:
+def longest_usable_horizon(successor: np.ndarray, rows: np.ndarray, horizon: int) -> int:
     """The largest k <= ``horizon`` with at least one usable window of k steps (0 if there is none)."""
     for k in range(horizon, 0, -1):
-        if len(usable_windows(tensors, successor, rows, k)):
+        if len(usable_windows(successor, rows, k)):
             return k
     return 0
 
@@ -139,19 +150,21 @@ def multistep_errors(model: WorldModel, tensors: Mapping[str, Tensor], successor
     """Open-loop error with the recorded actions: e_k = mean over windows and non-translation dims of
     ((ŝ_k − s_k)/std(s))², k = 1..horizon. Windows must stay in one episode with no termination before their end.
     ``state_std``: fixed units (e.g. the stage-2 scalers) so that errors compare across refits; default the model's."""
-    index = usable_windows(tensors, successor, rows, horizon)
+    index = usable_windows(successor, rows, horizon)
     if len(index) == 0:
         raise ValueError(f"no hold-out window of {horizon} steps; collect longer episodes or lower eval_horizon")
     if len(index) > max_windows:
         index = index[rng.choice(len(index), max_windows, replace=False)]
-    idx = torch.as_tensor(index)
-    state = torch.cat((tensors["qpos"][idx[:, 0]], tensors["qvel"][idx[:, 0]]), -1)
+    device = model_device(model)
+    tensors = {k: tensors[k].to(device) for k in ("qpos", "qvel", "action", "next_qpos", "next_qvel")}
+    idx = torch.as_tensor(index).to(device)
+    state = torch.cat((take(tensors["qpos"], idx[:, 0]), take(tensors["qvel"], idx[:, 0])), -1)
     errors = np.zeros(horizon)
     weight = model.metric_mask / model.metric_mask.sum()
     units = model.state_std if state_std is None else state_std.to(model.state_std)
     for k in range(horizon):
-        state, _ = model.predict(state, tensors["action"][idx[:, k]])
-        target = torch.cat((tensors["next_qpos"][idx[:, k]], tensors["next_qvel"][idx[:, k]]), -1)
+        state, _ = model.predict(state, take(tensors["action"], idx[:, k]))
+        target = torch.cat((take(tensors["next_qpos"], idx[:, k]), take(tensors["next_qvel"], idx[:, k])), -1)
         errors[k] = float((((state - target) / units).square() * weight).sum(-1).mean())
     return errors
 
@@ -160,11 +173,11 @@ def heldout_errors(model: WorldModel, data: Mapping[str, np.ndarray], horizon: i
                    seed: int = 0, state_std: Tensor | None = None) -> np.ndarray:
     """``multistep_errors`` on every row of transitions the model has not been trained on (e.g. a finetuning epoch's
     fresh real data), up to the longest horizon they allow (NaN beyond it; all NaN without a usable window)."""
-    tensors = as_tensors(data, model.delta_std.dtype)
+    tensors = as_tensors(data, model.delta_std.dtype, model_device(model))
     successor = successor_index(data)
     rows = np.arange(len(successor))
     errors = np.full(horizon, np.nan)
-    usable = longest_usable_horizon(tensors, successor, rows, horizon)
+    usable = longest_usable_horizon(successor, rows, horizon)
     if usable:
         errors[:usable] = multistep_errors(model, tensors, successor, rows, usable, max_windows,
                                            np.random.default_rng(seed), state_std)
@@ -174,6 +187,11 @@ def heldout_errors(model: WorldModel, data: Mapping[str, np.ndarray], horizon: i
 # ------------------------------------------------------------------------------------------------------------ training
 
 SCALER_MODES = ("fit", "refit", "refit_output", "keep")
+
+
+def snapshot(model: WorldModel) -> dict[str, Tensor]:
+    """A copy of the model's weights and scalers, on its device (early stopping's best state)."""
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 
 def train_world_model(model: WorldModel, data: Mapping[str, np.ndarray], cfg: WorldModelConfig | None = None,
@@ -194,20 +212,20 @@ def train_world_model(model: WorldModel, data: Mapping[str, np.ndarray], cfg: Wo
     cfg = cfg or model.cfg
     started = time.perf_counter()
     rng = np.random.default_rng(cfg.seed)
-    dtype = model.delta_std.dtype
-    tensors = as_tensors(data, dtype)
+    dtype, device = model.delta_std.dtype, model_device(model)
+    tensors = as_tensors(data, dtype, device)  # once on the model's device; batches are gathered there
     successor = successor_index(data)
     train_rows, holdout_rows = split_episodes(successor, cfg.holdout_fraction, rng)
     # every check that can fail comes before the first change to the model
     if len(train_rows) == 0 or len(holdout_rows) == 0:
         raise ValueError(f"need training and hold-out episodes, got {len(train_rows)} and {len(holdout_rows)} rows")
-    eval_horizon = longest_usable_horizon(tensors, successor, holdout_rows, cfg.eval_horizon)
+    eval_horizon = longest_usable_horizon(successor, holdout_rows, cfg.eval_horizon)
     if eval_horizon == 0:
         raise ValueError("no usable hold-out window (every hold-out row ends its episode)")
     # drawn even when the scalers are kept, so that the rest of the fit sees the same random stream
     fit_rows = train_rows if len(train_rows) <= cfg.normalizer_rows else rng.choice(
         train_rows, cfg.normalizer_rows, replace=False)
-    fit_batch = {k: v[torch.as_tensor(fit_rows)] for k, v in tensors.items()}
+    fit_batch = {k: take(v, torch.as_tensor(fit_rows).to(device)) for k, v in tensors.items()}
     if scalers == "fit":
         model.fit_normalizers(fit_batch)
     elif scalers in ("refit", "refit_output"):
@@ -226,7 +244,7 @@ def train_world_model(model: WorldModel, data: Mapping[str, np.ndarray], cfg: Wo
     with torch.no_grad():
         _, initial_metrics = model.loss(holdout_batch)
     if early_stopping is not None and scalers != "fit":  # a warm start: never return something worse than it
-        best_loss, best_state = initial_metrics["nll"], copy.deepcopy(model.state_dict())
+        best_loss, best_state = initial_metrics["nll"], snapshot(model)
     order, cursor, running, steps = rng.permutation(len(train_index)), 0, 0.0, 0
     for steps in range(1, cfg.train_steps + 1):
         if cursor + cfg.batch_size > len(order):  # epochs over shuffled windows, as MBPO/LIFT
@@ -249,7 +267,7 @@ def train_world_model(model: WorldModel, data: Mapping[str, np.ndarray], cfg: Wo
                 improved = (not math.isfinite(best_loss)
                             or best_loss - holdout_loss > early_stopping.min_improvement * abs(best_loss))
                 if holdout_loss < best_loss:
-                    best_loss, best_state = holdout_loss, copy.deepcopy(model.state_dict())
+                    best_loss, best_state = holdout_loss, snapshot(model)
                 stale = 0 if improved else stale + 1
                 if stale >= early_stopping.patience:
                     stopped_early = True

@@ -160,12 +160,12 @@ class FinetuneLearner:
             return None, {}
         cache = stage2_cache_path(pretrain_run, kind, self.task, self.exp)
         if self.rank == 0:
-            model, metrics = pretrain_world_model(kind, self.task, self.exp, replay, cache)
-        ddp.barrier()
+            model, metrics = pretrain_world_model(kind, self.task, self.exp, replay, cache, self.device)
+        ddp.barrier()  # the other ranks wait for rank 0's fit; the process group's timeout is set for it (cluster.train)
         if self.rank > 0:
-            model, metrics = pretrain_world_model(kind, self.task, self.exp, replay, cache)
+            model, metrics = pretrain_world_model(kind, self.task, self.exp, replay, cache, self.device)
         log.info("%s stage 2 (%s, %s): %s", self.method, kind, cache.name, metrics)
-        return model.to(self.device), metrics
+        return model, metrics
 
     def resume(self) -> None:
         with ddp.latest_checkpoint() as ckpt:

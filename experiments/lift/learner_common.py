@@ -66,10 +66,12 @@ def evaluate_on_rank0(pool: Any, policy_key: str, env_config: dict, episodes: in
 
 
 def load_checkpoint(ckpt: Path | None) -> dict[str, Any] | None:
-    """This rank's state in the checkpoint being resumed, or None on a fresh start."""
+    """This rank's state in the checkpoint being resumed, or None on a fresh start. Loaded to the host: the saving
+    process's GPU (a restart or a PBT clone may land on another layout) plays no part; each learner's
+    ``load_state_dict`` copies the tensors onto its own device."""
     if ckpt is None:
         return None
-    return torch.load(ckpt / f"rank{ddp.rank()}.pt", weights_only=True)
+    return torch.load(ckpt / f"rank{ddp.rank()}.pt", weights_only=True, map_location="cpu")
 
 
 def save_checkpoint(d: Path, state: dict[str, Any], agent: SACAgent, metrics: dict[str, Any]) -> None:

@@ -96,13 +96,13 @@ def stage2_cache_path(pretrain_run: Path, kind: str, task: str, exp: Any) -> Pat
     return Path(pretrain_run) / "wm" / f"{kind}-{digest}.pt"
 
 
-def pretrain_world_model(kind: str, task: str, exp: Any, replay_dirs: list[Path],
-                         cache: Path) -> tuple[WorldModel, dict[str, Any]]:
-    """Stage 2: fit the model on the pretraining replay (early stopping) with ``exp.wm_pretrain_seed``, or load the fit
-    ``cache`` already holds. A new fit is written atomically (another rank or run may be reading)."""
-    model = make_world_model(kind, task, exp, exp.wm_pretrain_seed)
+def pretrain_world_model(kind: str, task: str, exp: Any, replay_dirs: list[Path], cache: Path,
+                         device: torch.device | str = "cpu") -> tuple[WorldModel, dict[str, Any]]:
+    """Stage 2: fit the model on ``device`` on the pretraining replay (early stopping) with ``exp.wm_pretrain_seed``, or
+    load the fit ``cache`` already holds. A new fit is written atomically (another rank or run may be reading)."""
+    model = make_world_model(kind, task, exp, exp.wm_pretrain_seed).to(device)
     if cache.exists():
-        saved = torch.load(cache, weights_only=True)
+        saved = torch.load(cache, weights_only=True, map_location=device)
         model.load_state_dict(saved["model"])
         return model, saved["metrics"]
     data = load_pretrain_replay(replay_dirs, exp.wm_pretrain_rows)
