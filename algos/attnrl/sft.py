@@ -250,7 +250,7 @@ def pretrained_policy(task, model_cfg: GPTConfig, sft_cfg: SFTConfig | None = No
     model = GPT(model_cfg)
     policy = Policy(model, task.tokenizer)
     if path is not None and path.exists():
-        saved = torch.load(path, weights_only=True)
+        saved = torch.load(path, weights_only=True, map_location="cpu")
         model.load_state_dict(saved["state_dict"])
         model.eval()
         return policy, saved["info"]

@@ -17,7 +17,7 @@ log = logging.getLogger(__name__)
 
 def load_sft(path: str | Path) -> tuple[dict, dict]:
     """(weights dict for the pool, info) of a saved SFT model."""
-    saved = torch.load(path, weights_only=True)
+    saved = torch.load(path, weights_only=True, map_location="cpu")  # saved on a GPU, read anywhere
     return saved["weights"], saved["info"]
 
 

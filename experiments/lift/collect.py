@@ -64,7 +64,7 @@ def run(cfg: dict, ctx) -> dict[str, Any]:
     if exp.policy != "random":
         import torch
         weights = f"{ctx.run_id}/policy"  # weight keys start with the run's unique id (two collects never share one)
-        pool.publish(weights, torch.load(exp.policy, weights_only=True))
+        pool.publish(weights, torch.load(exp.policy, weights_only=True, map_location="cpu"))
     store = ctx.run_dir.store("transitions")
     episodes = ctx.run_dir.store("episodes")
     journal = Journal(ctx.run_dir.path, [store, episodes], metrics=ctx.metrics, report=ctx.tune_report)

@@ -113,7 +113,7 @@ def run(cfg: dict, ctx) -> dict[str, Any]:
     methods = exp.method_list()
     pool = ctx.pool
     pretrained_key = f"{ctx.run_id}/pretrained"
-    pool.publish(pretrained_key, torch.load(files["policy"], weights_only=True))
+    pool.publish(pretrained_key, torch.load(files["policy"], weights_only=True, map_location="cpu"))
     pre_change, zero_shot = (
         evaluate_policy(pool, pretrained_key, {"task": task, "num_envs": exp.eval_episodes, "seed": cfg["seed"],
                                                "change": c, "physics_state": False}, exp.eval_episodes, cfg["seed"])

@@ -77,7 +77,7 @@ def pretrain_model(exp: Config, data: TaskData, seed: int, out: Path) -> dict:
 def load_bundle(path: str | Path) -> dict:
     """A bundle saved by :func:`pretrain_model`."""
     import torch
-    return torch.load(path, weights_only=True)
+    return torch.load(path, weights_only=True, map_location="cpu")  # saved on a GPU, read anywhere
 
 
 def build_model(bundle: dict):
