@@ -1,7 +1,7 @@
 """bf16 or fp32: a property of the hardware, decided once per process.
 
-bf16 autocast pays where the hardware multiplies bf16 natively: CUDA GPUs with bf16 (Ampere and later), CPUs with AMX
-(~7x fp32 matmul) or AVX512-BF16 (~2x). Elsewhere it is a disaster: an AVX2-only CPU runs a 1024x256 @ 256x256 bf16
+bf16 autocast pays where the hardware multiplies bf16 natively: CUDA GPUs of compute capability >= 8.0 (Ampere and
+later; V100/T4 emulate it), CPUs with AMX (~7x fp32 matmul) or AVX512-BF16 (~2x). Elsewhere it is a disaster: an AVX2-only CPU runs a 1024x256 @ 256x256 bf16
 matmul at ~1 GFLOP/s against ~84 in fp32. So configs say ``bf16: auto`` and the code asks :func:`use_bf16`.
 An explicit ``true``/``false`` still wins.
 """
@@ -50,12 +50,20 @@ def cpu_bf16_native(flags: set[str] | None = None) -> bool:
     return _timed_matmul(torch.float32) / max(_timed_matmul(torch.bfloat16), 1e-9) >= 0.8
 
 
+def cuda_bf16_native(capability: tuple[int, int]) -> bool:
+    """True for GPUs whose tensor cores multiply bf16 (compute capability 8.0 and later: Ampere, Hopper, ...).
+    ``torch.cuda.is_bf16_supported()`` also says yes on V100/T4 (7.x), where bf16 is emulated and slower than fp32."""
+    return tuple(capability) >= (8, 0)
+
+
 @functools.cache
 def bf16_native(device_type: str) -> bool:
     """Probed once per process and device type ("cuda" or "cpu"); the choice is logged."""
     if device_type == "cuda":
-        native = torch.cuda.is_available() and torch.cuda.is_bf16_supported()
-        why = torch.cuda.get_device_name() if torch.cuda.is_available() else "no CUDA device"
+        capability = torch.cuda.get_device_capability() if torch.cuda.is_available() else (0, 0)
+        native = torch.cuda.is_available() and cuda_bf16_native(capability)
+        why = (f"{torch.cuda.get_device_name()}, compute capability {capability[0]}.{capability[1]}"
+               if torch.cuda.is_available() else "no CUDA device")
     else:
         native = cpu_bf16_native()
         flags = cpu_flags()

@@ -60,3 +60,13 @@ def test_map_location_check_finds_a_bare_load(tmp_path):
     bad = tmp_path / "bad.py"
     bad.write_text("import torch\nx = torch.load('a.pt', weights_only=True)\ny = torch.load('b.pt', map_location='cpu')\n")
     assert torch_loads_without_map_location(bad) == [2]
+
+
+# ------------------------------------------------------------------------------------------------------ precision
+
+@pytest.mark.parametrize("capability, native", [((7, 0), False), ((7, 5), False), ((8, 0), True), ((8, 6), True),
+                                                ((9, 0), True), ((10, 0), True), ((6, 1), False)])
+def test_bf16_auto_counts_only_native_cuda_bf16(capability, native):
+    """V100 (7.0) and T4 (7.5) emulate bf16 (torch.cuda.is_bf16_supported() says yes): ``bf16: auto`` stays fp32."""
+    from algos.precision import cuda_bf16_native
+    assert cuda_bf16_native(capability) is native
