@@ -1,8 +1,8 @@
 """bf16 or fp32: a property of the hardware, decided once per process.
 
 bf16 autocast pays where the hardware multiplies bf16 natively: CUDA GPUs of compute capability >= 8.0 (Ampere and
-later; V100/T4 emulate it), CPUs with AMX (~7x fp32 matmul) or AVX512-BF16 (~2x). Elsewhere it is a disaster: an AVX2-only CPU runs a 1024x256 @ 256x256 bf16
-matmul at ~1 GFLOP/s against ~84 in fp32. So configs say ``bf16: auto`` and the code asks :func:`use_bf16`.
+later; V100/T4 emulate it), CPUs with AMX (~7x fp32 matmul) or AVX512-BF16 (~2x). Elsewhere it is a disaster: an
+AVX2-only CPU runs a 1024x256 @ 256x256 bf16 matmul at ~1 GFLOP/s against ~84 in fp32. So configs say ``bf16: auto`` and the code asks :func:`use_bf16`.
 An explicit ``true``/``false`` still wins.
 """
 from __future__ import annotations
