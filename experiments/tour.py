@@ -1,20 +1,28 @@
-"""The main job: all three methods at once, as separate drivers on one cluster sharing one named pool, then a report.
+"""The main job: every method at once, as separate drivers on one cluster sharing one named pool, then a report.
 
     python -m experiments.run                      # = experiment=tour scale=smoke cluster=local
 
 The tour starts (or joins) the cluster, creates the shared pool, and launches one driver process per method, each
-``python -m experiments.run experiment=... cluster=remote`` joined to this cluster and attached to the same pool:
+``python -m experiments.run experiment=... cluster=remote`` joined to this cluster and attached to the same pool.
+The tour names no method: every method package that declares ``TOUR = "experiments.<m>.tour:TOUR"`` (a
+:class:`TourPart`: its stages with their laptop budgets, its report section, its paper-scale command) takes part,
+in the order ``experiments.registry.method_packages()`` finds them. A method's stages run one after the other (a
+later stage may read an earlier one's run directory through ``<run_dir:stage>``); methods run concurrently.
 
-    lift   : lift_pretrain on a fast MuJoCo task -> lift_finetune (world model from the pretraining replay, then
-             finetuning in a changed version of the task, against stochastic-SAC finetuning)
-    vidd   : vidd_molecule in compare mode (VIDD vs best-of-N, standard fine-tuning, DDPO-style)
-    attnrl : attnrl in compare mode (AttnRL vs GRPO)
+    experiment.methods=[<method>,<method>]                   # some methods only (default: every declared one)
+    '+experiment.overrides.<stage>=["<key>=<value>"]'        # extra overrides of one stage (the + adds the key)
+    experiment.tiny=true                                     # every stage's declared test budget
+
+A stage's overrides are its declared ones, then its ``tiny`` ones (with ``experiment.tiny=true``), then those in
+``experiment.overrides.<stage>``; a later override of the same key replaces an earlier one.
 
 A method that fails does not stop the others; the report says what failed and where its log is. The report folder
 holds report.md, the PNG plots and the per-method run directories (metrics Parquet, configs, checkpoints).
 """
 from __future__ import annotations
 
+import functools
+import importlib
 import logging
 import re
 import subprocess
@@ -23,33 +31,101 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 log = logging.getLogger(__name__)
 
 ROOT = Path(__file__).resolve().parents[1]
+RUN_DIR = re.compile(r"<run_dir:([\w.-]+)>")  # in a stage's overrides: the run directory of an earlier stage
+
+
+@dataclass(frozen=True)
+class TourStage:
+    """One driver run of a method in the tour."""
+    experiment: str
+    overrides: tuple[str, ...] = ()   # the laptop budget (the tour's 20-minute limit is for all methods together)
+    tiny: tuple[str, ...] = ()        # the test budget (experiment.tiny=true): seconds to a minute or two
+    name: str = ""                    # stage name (run directory, log, experiment.overrides key); default experiment
+
+    @property
+    def stage_name(self) -> str:
+        return self.name or self.experiment
+
+
+@dataclass(frozen=True)
+class TourPart:
+    """What a method package declares for the tour (``TOUR`` in its ``__init__.py`` names it as module:attribute)."""
+    title: str                        # the report section's heading
+    stages: tuple[TourStage, ...]
+    section: str                      # "module:function", called as fn(stages, out_dir) -> (lines, claims, plots)
+    paper_scale: str                  # the command that reruns this part at paper scale
+    check: str = ""                   # "module:function", fn(tour_run_dir, report_md, report_json): the tests' check
+
+
+def _load_attr(path: str) -> Any:
+    module, _, attr = path.partition(":")
+    if not attr:
+        raise ValueError(f"expected 'package.module:attribute', got {path!r}")
+    return getattr(importlib.import_module(module), attr)
+
+
+@functools.cache
+def tour_parts() -> dict[str, TourPart]:
+    """Method name (its package's last name) -> the TourPart it declares; methods without ``TOUR`` stay out."""
+    from experiments.registry import method_packages
+    parts = {}
+    for package in method_packages():
+        declared = getattr(importlib.import_module(package), "TOUR", None)
+        if declared:
+            part = _load_attr(declared) if isinstance(declared, str) else declared
+            if not isinstance(part, TourPart):
+                raise TypeError(f"{package}.TOUR must name a TourPart, got {type(part).__name__}")
+            parts[package.rsplit(".", 1)[-1]] = part
+    return parts
+
+
+def section_fn(part: TourPart) -> Callable:
+    return _load_attr(part.section)
+
+
+def _override_key(override: str) -> str:
+    return override.lstrip("+~").split("=", 1)[0]
+
+
+def merge_overrides(*layers: list[str] | tuple[str, ...]) -> list[str]:
+    """Overrides in order; a later one for the same key replaces the earlier one in place (hydra refuses two)."""
+    merged: dict[str, str] = {}
+    for layer in layers:
+        for o in layer:
+            merged[_override_key(o)] = o
+    return list(merged.values())
 
 
 @dataclass
 class Config:
-    methods: list[str] = field(default_factory=lambda: ["lift", "vidd", "attnrl"])
+    methods: list[str] = field(default_factory=list)  # default: every method package that declares TOUR
     report_dir: str | None = None  # default: <run dir>/report
-    # Extra overrides per driver (hydra syntax); the defaults give a laptop run of about 11 minutes (limit 20).
-    lift_pretrain: list[str] = field(default_factory=list)
-    lift_finetune: list[str] = field(default_factory=list)
-    vidd: list[str] = field(default_factory=list)
-    attnrl: list[str] = field(default_factory=list)
-    lift_env: str = "inverted_pendulum"
-    train_cpus_per_worker: float = 0.25  # three learners + the pool must fit two cores
+    overrides: dict[str, list[str]] = field(default_factory=dict)  # stage name -> extra hydra overrides
+    tiny: bool = False  # every stage's declared test budget (the tour test)
+    train_cpus_per_worker: float = 0.25  # every method's learners + the pool must fit two cores
     timeout_s: float = 3600.0
     status_every_s: float = 20.0
 
     def __post_init__(self) -> None:
-        unknown = sorted(set(self.methods) - {"lift", "vidd", "attnrl"})
-        if unknown or not self.methods:
-            raise ValueError(f"experiment.methods: choose from lift, vidd, attnrl (got {self.methods})")
+        parts = tour_parts()
+        unknown = sorted(set(self.methods) - set(parts))
+        if unknown:
+            raise ValueError(f"experiment.methods: choose from {', '.join(parts)} (got {self.methods})")
+        chosen = self.methods or list(parts)
+        stages = {st.stage_name for m in chosen for st in parts[m].stages}
+        if sorted(set(self.overrides) - stages):
+            raise ValueError(f"experiment.overrides: unknown stage(s) {sorted(set(self.overrides) - stages)} "
+                             f"(stages of the chosen methods: {', '.join(sorted(stages))})")
         if self.timeout_s <= 0:
             raise ValueError(f"experiment.timeout_s: must be > 0, got {self.timeout_s}")
+
+    def method_list(self) -> list[str]:
+        return self.methods or list(tour_parts())
 
 
 @dataclass
@@ -124,20 +200,23 @@ def _last_progress(path: Path) -> str:
 def plan(cfg: dict, ctx, exp: Config) -> dict[str, list[Stage]]:
     runs = ctx.run_dir.path / "runs"
     logs = ctx.run_dir.path / "logs"
-
-    def stage(method: str, experiment: str, name: str, overrides: list[str]) -> Stage:
-        return Stage(method, experiment, overrides, runs / experiment / name, logs / f"{name}.log")
-
+    parts = tour_parts()
     stages: dict[str, list[Stage]] = {}
-    if "lift" in exp.methods:
-        pre = stage("lift", "lift_pretrain", "lift_pretrain", [f"env={exp.lift_env}", *exp.lift_pretrain])
-        fin = stage("lift", "lift_finetune", "lift_finetune",
-                    [f"env={exp.lift_env}", f"experiment.pretrain_run={pre.run_dir}", *exp.lift_finetune])
-        stages["lift"] = [pre, fin]
-    if "vidd" in exp.methods:
-        stages["vidd"] = [stage("vidd", "vidd_molecule", "vidd_molecule", exp.vidd)]
-    if "attnrl" in exp.methods:
-        stages["attnrl"] = [stage("attnrl", "attnrl", "attnrl", exp.attnrl)]
+    for method in exp.method_list():
+        made: dict[str, Stage] = {}
+        for st in parts[method].stages:
+            name = st.stage_name
+            overrides = merge_overrides(st.overrides, st.tiny if exp.tiny else (), exp.overrides.get(name, []))
+
+            def run_dir_of(match: re.Match) -> str:
+                if match.group(1) not in made:
+                    raise ValueError(f"tour stage {name}: <run_dir:{match.group(1)}> names no earlier stage of "
+                                     f"{method}")
+                return str(made[match.group(1)].run_dir)
+
+            made[name] = Stage(method, st.experiment, [RUN_DIR.sub(run_dir_of, o) for o in overrides],
+                               runs / st.experiment / name, logs / f"{name}.log")
+        stages[method] = list(made.values())
     return stages
 
 
@@ -167,7 +246,7 @@ def run(cfg: dict, ctx) -> dict[str, Any]:
     pool_stats = pool.stats()
     from experiments.tour_report import write_report
     report_dir = Path(exp.report_dir) if exp.report_dir else ctx.run_dir.path / "report"
-    summary = write_report(report_dir, stages, pool_stats, cfg, time.perf_counter() - start)
+    summary = write_report(report_dir, stages, pool_stats, cfg, time.perf_counter() - start, tour_parts())
     print(f"[tour] report: {report_dir / 'report.md'}", flush=True)
     return summary
 

@@ -1,84 +1,89 @@
-"""The main job with tiny budgets (run by tests/test_rehearsal.py on the multi-node cluster): every method runs as its
-own driver on one shared pool, the report has every section, plot and claim row, and its numbers are the ones in the
-runs' metrics files."""
+"""The main job. The tour names no method: each method package declares its stages and report section (TOUR), the
+tour loops over them. The full tour with tiny budgets runs in tests/test_rehearsal.py on the multi-node cluster
+(``TINY``, ``check_tour``); here one method's tour runs on the embedded cluster, and the pieces are checked alone."""
 from __future__ import annotations
 
 import json
-import math
 import re
 from pathlib import Path
+from types import SimpleNamespace
 
-from cluster.metrics import read_metrics
+import pytest
 
-TINY = [
-    'experiment.lift_pretrain=["experiment.total_env_steps=1536","experiment.eval_every_steps=512",'
-    '"experiment.eval_episodes=3"]',
-    'experiment.lift_finetune=["experiment.methods=[lift,sac_finetune]","experiment.epochs=2",'
-    '"experiment.real_steps_per_epoch=200","experiment.prefill_steps=200","experiment.wm_pretrain_steps=100",'
-    '"experiment.wm_retrain_steps=50","experiment.hupt_schedule=[0,1,2,2]","experiment.eval_episodes=2"]',
-    'experiment.vidd=["experiment.methods=[vidd,best_of_n]","experiment.n_train=300","experiment.n_heldout=30",'
-    '"experiment.seq_len=24","experiment.d_model=32","experiment.n_layers=1","experiment.n_heads=2",'
-    '"experiment.pretrain_steps=20","experiment.num_sampling_steps=6","experiment.query_budget=96",'
-    '"experiment.batch_size=8","experiment.timesteps_per_trajectory=2","experiment.best_of_n_outputs=16",'
-    '"experiment.eval_samples=16","experiment.eval_every=0"]',
-    'experiment.attnrl=["experiment.methods=[attnrl,grpo]","experiment.task.max_steps=3",'
-    '"experiment.sft.max_steps=40","experiment.sft.eval_every=20","experiment.sft.eval_problems_per_difficulty=4",'
-    '"experiment.rl.prompts_per_batch=2","experiment.rl.token_budget=600","experiment.rl.max_prompts_per_batch=4",'
-    '"experiment.eval_problems_per_difficulty=4","experiment.eval_every_updates=2"]',
-]
+from experiments.tour import TourPart, merge_overrides, tour_parts
+
+TINY = ["experiment.tiny=true"]  # every stage's declared test budget (experiments/<method>/tour.py)
 
 
-def _close(a: float, b: float) -> bool:
-    return math.isclose(float(a), float(b), rel_tol=1e-6, abs_tol=1e-9)
-
-
-def check_tour(tour_run: Path) -> None:
-    """The tour's report has every section, plot and claim row, and its numbers are the ones in the runs' metrics
-    files. The tour itself runs on the multi-node rehearsal cluster (tests/test_rehearsal.py)."""
+def check_tour(tour_run: Path, methods: list[str] | None = None) -> None:
+    """The tour's report has every section, plot and claim row, and each method's numbers are the ones in its runs'
+    files (each method's own ``check``)."""
+    from experiments.tour import _load_attr
     report_dir = tour_run / "report"
     report = (report_dir / "report.md").read_text()
     data = json.loads((report_dir / "report.json").read_text())
     assert data["failures"] == [], data["failures"]
-    for heading in ("## What each paper claims", "## LIFT", "## Shared pool", "## Runs", "## Plots"):
+    for heading in ("## What each paper claims", "## Shared pool", "## Runs", "## Plots"):
         assert heading in report
     for plot in data["plots"]:
         assert (report_dir / plot).stat().st_size > 5_000 and f"({plot})" in report
     for claim in data["claims"]:
         assert f"| {claim['paper']} | {claim['claim']} | {claim['observed']} | {claim['holds']} |" in report
-    assert {"env", "diffusion", "lm"} <= set(data["pool"]["per_sampler"]), data["pool"]["per_sampler"]
-    for heading in ("## VIDD", "## AttnRL"):
-        assert heading in report
+    parts = tour_parts()
+    for method in methods or list(parts):
+        assert parts[method].check, f"{method} declares no tour check"
+        _load_attr(parts[method].check)(tour_run, report, data)
+        assert f"Rerun at paper scale: `{parts[method].paper_scale}`" in report
 
-    runs = tour_run / "runs"
-    pre = json.loads((runs / "lift_pretrain" / "lift_pretrain" / "summary.json").read_text())
-    df = read_metrics(runs / "lift_pretrain" / "lift_pretrain").dropna(subset=["eval_return"])
-    assert _close(pre["final_eval_return"], df["eval_return"].iloc[-1])
-    assert f"eval return {pre['final_eval_return']:.3g}" in report
-    fin = json.loads((runs / "lift_finetune" / "lift_finetune" / "summary.json").read_text())
-    assert set(fin["methods"]) == {"lift", "sac_finetune"}
-    for name, m in fin["methods"].items():
-        row = re.search(rf"^\| {name} \| [^|]+ \| ([^|]+) \|", report, re.M)
-        assert row and row.group(1).strip() == f"{m['final_return']:.3g}"
 
-    vidd = json.loads((runs / "vidd_molecule" / "vidd_molecule" / "summary.json").read_text())
-    for name, m in vidd["methods"].items():
-        row = re.search(rf"^\| {name} \| ([^|]+) \| ([^|]+) \|", report, re.M)
-        assert row and row.group(1).strip() == f"{m['median_reward']:.3g}"
-        assert m["queries"] <= vidd["query_budget"]
-    attn = json.loads((runs / "attnrl" / "attnrl" / "summary.json").read_text())
-    for name, m in attn["methods"].items():
-        row = re.search(rf"^\| {name} \| ([^|]+) \|", report, re.M)
-        assert row and row.group(1).strip() == f"{m['accuracy']:.3g}"
-    # the AttnRL-vs-GRPO claim compares the last evaluations within the smaller run's token total
-    tokens = min(m["generated_tokens"] for m in attn["methods"].values())
-    ev = read_metrics(runs / "attnrl" / "attnrl").dropna(subset=["eval_accuracy"])
-    ev = ev[ev["generated_tokens"] <= tokens].sort_values("generated_tokens")
-    acc = {m: ev[ev["method_id"] == i]["eval_accuracy"].iloc[-1] for i, m in enumerate(["attnrl", "grpo"])}
-    claim = next(c for c in data["claims"] if c["claim"].startswith("more accurate than GRPO"))
-    assert claim["observed"].startswith(f"{acc['attnrl']:.3g} vs {acc['grpo']:.3g}") and f"<= {tokens} tokens" in \
-        claim["observed"], claim
-    assert len([c for c in data["claims"] if c["paper"] == "VIDD"]) >= 1
-    assert len([c for c in data["claims"] if c["paper"] == "AttnRL"]) >= 1
+def test_every_method_declares_a_tour_part_with_importable_section_and_check():
+    from experiments.registry import experiment_modules
+    from experiments.tour import _load_attr, section_fn
+    parts = tour_parts()
+    assert {"lift", "vidd", "attnrl", "ecit"} <= set(parts)
+    for method, part in parts.items():
+        assert isinstance(part, TourPart) and part.stages and part.paper_scale
+        assert callable(section_fn(part)) and callable(_load_attr(part.check))
+        for st in part.stages:
+            assert st.experiment in experiment_modules(), (method, st.experiment)
+
+
+def test_the_tour_files_name_no_method():
+    """A fifth method joins the tour by declaring TOUR in its own package: nothing in the tour's files changes."""
+    root = Path(__file__).resolve().parents[1]
+    names = set(tour_parts())
+    names |= {st.stage_name for p in tour_parts().values() for st in p.stages}
+    for rel in ("experiments/tour.py", "experiments/tour_report.py", "configs/experiment/tour.yaml"):
+        words = set(re.findall(r"[A-Za-z_]+", (root / rel).read_text()))
+        assert not (words & names), f"{rel} names {sorted(words & names)}"
+
+
+def test_plan_merges_overrides_by_key_and_fills_earlier_run_dirs(tmp_path):
+    from experiments.tour import Config, plan
+    assert merge_overrides(["a=1", "b=2"], ["+a=3"], ["c=4"]) == ["+a=3", "b=2", "c=4"]
+    method = next(m for m, p in tour_parts().items() if any("<run_dir:" in o for st in p.stages for o in st.overrides))
+    part = tour_parts()[method]
+    first = part.stages[0].stage_name
+    exp = Config(methods=[method], tiny=True, overrides={first: ["seed=7"]})
+    ctx = SimpleNamespace(run_dir=SimpleNamespace(path=tmp_path))
+    (stages,) = plan({}, ctx, exp).values()
+    assert [s.experiment for s in stages] == [st.experiment for st in part.stages]
+    assert "seed=7" in stages[0].overrides
+    for declared in part.stages[0].tiny:  # the test budget replaces the laptop budget of the same key
+        assert declared in stages[0].overrides
+    later = " ".join(o for s in stages[1:] for o in s.overrides)
+    assert str(stages[0].run_dir) in later and "<run_dir:" not in later
+    with pytest.raises(ValueError, match="unknown stage"):
+        Config(methods=[method], overrides={"no_such_stage": ["a=1"]})
+    with pytest.raises(ValueError, match="choose from"):
+        Config(methods=["no_such_method"])
+
+
+def test_one_method_tours_the_embedded_cluster_and_its_report_reads_its_runs(tmp_path, pool_name):
+    from experiments.run import main
+    main(["experiment=tour", "experiment.methods=[ecit]", *TINY, f"output_dir={tmp_path}", "run_name=t",
+          f"pool.name={pool_name}", "experiment.status_every_s=5"])
+    check_tour(tmp_path / "tour" / "t", ["ecit"])
 
 
 def test_status_line_reads_progress_behind_ray_prefixes(tmp_path):

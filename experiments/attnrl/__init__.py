@@ -2,3 +2,4 @@
 
 EXPERIMENTS = {"attnrl": "experiments.attnrl.driver"}
 SAMPLERS = {"lm": ("experiments.attnrl.sampler:LMSampler", "gpu")}  # the pool's gpu group where it has one
+TOUR = "experiments.attnrl.tour:TOUR"  # its stages and report section in the main job (experiments/tour.py)
