@@ -48,6 +48,22 @@ def test_every_method_declares_a_tour_part_with_importable_section_and_check():
             assert st.experiment in experiment_modules(), (method, st.experiment)
 
 
+@pytest.mark.parametrize("budget", ["laptop", "tiny"])
+def test_every_declared_stage_composes_and_validates_at_both_budgets(budget):
+    """The budgets in experiments/<method>/tour.py are real configs (a stage that reads an earlier stage's run
+    directory is composed only: its check needs that run's files)."""
+    from experiments.config import compose, load
+    from experiments.tour import RUN_DIR
+    for method, part in tour_parts().items():
+        for st in part.stages:
+            overrides = merge_overrides(st.overrides, st.tiny if budget == "tiny" else ())
+            argv = [f"experiment={st.experiment}", *(RUN_DIR.sub("/nonexistent", o) for o in overrides)]
+            if any(RUN_DIR.search(o) for o in overrides):
+                assert compose(argv)["experiment"]["name"] == st.experiment
+            else:
+                assert load(argv)["experiment"]["name"] == st.experiment, (method, st)
+
+
 def test_the_tour_files_name_no_method():
     """A fifth method joins the tour by declaring TOUR in its own package: nothing in the tour's files changes."""
     root = Path(__file__).resolve().parents[1]
