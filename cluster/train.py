@@ -33,12 +33,25 @@ class TrainConfig:
     cpus_per_worker: float = 0.5
     gpus_per_worker: float = 1.0
     backend: str | None = None  # None: gloo on CPU, cpu:gloo,cuda:nccl on GPUs
+    # How long a collective (a barrier included) waits for the slowest rank before failing the run: ranks wait at a
+    # barrier while rank 0 alone does a long step (LIFT's stage-2 world-model fit, a first pool attach). Ray's default
+    # is 1800 s; scale=paper sets hours.
+    collective_timeout_s: int = 1800
 
     def __post_init__(self) -> None:
         if self.num_workers < 1:
             raise ValueError(f"train.num_workers: must be >= 1, got {self.num_workers}")
         if self.cpus_per_worker <= 0:
             raise ValueError(f"train.cpus_per_worker: must be > 0 (fractions are fine), got {self.cpus_per_worker}")
+        if self.collective_timeout_s < 1:
+            raise ValueError(f"train.collective_timeout_s: must be >= 1, got {self.collective_timeout_s}")
+
+
+def torch_config(train: TrainConfig) -> TorchConfig:
+    """The process group of the learners: NCCL for CUDA tensors (DDP gradients) and gloo for CPU ones (counters, stop
+    flags) on GPUs, gloo on CPUs; collectives wait ``train.collective_timeout_s`` for the slowest rank."""
+    backend = train.backend or ("cpu:gloo,cuda:nccl" if train.use_gpu else "gloo")
+    return TorchConfig(backend=backend, timeout_s=int(train.collective_timeout_s))
 
 
 def _run_from(train_fn: Callable[[dict], None], start_from: str | None, config: dict) -> None:
@@ -55,8 +68,6 @@ def fit(train_fn: Callable[[dict], None], loop_config: dict[str, Any], *, name: 
     resources = {"CPU": float(train.cpus_per_worker)}
     if train.use_gpu:
         resources["GPU"] = float(train.gpus_per_worker)
-    # Mixed backend on GPUs: NCCL for CUDA tensors (DDP gradients), gloo for CPU ones (counters, stop flags).
-    backend = train.backend or ("cpu:gloo,cuda:nccl" if train.use_gpu else "gloo")
     callbacks = []
     if tune_trial.relay() is not None:  # inside a sweep trial: every report (and checkpoint) goes to Tune
         callbacks.append(tune_trial.LearnerReports(tune_trial.relay(), name))
@@ -65,7 +76,7 @@ def fit(train_fn: Callable[[dict], None], loop_config: dict[str, Any], *, name: 
     trainer = TorchTrainer(
         train_fn,
         train_loop_config=loop_config,
-        torch_config=TorchConfig(backend=backend),
+        torch_config=torch_config(train),
         scaling_config=ScalingConfig(num_workers=train.num_workers, use_gpu=train.use_gpu,
                                      resources_per_worker=resources),
         run_config=RunConfig(name=name, storage_path=str(Path(storage_path).resolve()),

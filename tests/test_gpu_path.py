@@ -70,3 +70,53 @@ def test_bf16_auto_counts_only_native_cuda_bf16(capability, native):
     """V100 (7.0) and T4 (7.5) emulate bf16 (torch.cuda.is_bf16_supported() says yes): ``bf16: auto`` stays fp32."""
     from algos.precision import cuda_bf16_native
     assert cuda_bf16_native(capability) is native
+
+
+# ------------------------------------------------------------------------------------------------- global sizes
+
+def lift_totals(num_workers: int) -> dict[str, int]:
+    """The run's totals as its ranks see them at scale=paper with ``num_workers`` Train workers."""
+    from experiments.config import load
+    from experiments.lift.pretrain_config import rank_share, split
+    cfg = load(["experiment=lift_pretrain", "env=humanoid_state", "scale=paper", f"train.num_workers={num_workers}"])
+    exp = cfg["_typed"]["experiment"]
+    sac = exp.sac_config()
+    shares = [rank_share(sac, num_workers, r) for r in range(num_workers)]
+    shard_envs = [split(s.num_envs, exp.num_shards, i) for s in shares for i in range(exp.num_shards)]
+    assert min(shard_envs) >= 1
+    return {"envs": sum(s.num_envs for s in shares), "envs_in_shards": sum(shard_envs),
+            "batch": sum(s.batch_size for s in shares), "replay": sum(s.replay_capacity for s in shares),
+            "updates_per_round": exp.steps_per_round * shares[0].utd,  # every rank: the same DDP updates
+            "env_steps_per_round": sac.num_envs * exp.steps_per_round}
+
+
+def test_lift_paper_sizes_are_global_totals():
+    """LIFT's 1000 envs and batch 1024 are the run's, not each learner's: 1, 2 or 4 Train workers make the same totals
+    (so 4 learners do not run 4000 envs with a quarter of LIFT's gradient steps per env step)."""
+    one = lift_totals(1)
+    assert one == {"envs": 1000, "envs_in_shards": 1000, "batch": 1024, "replay": 1_000_000, "updates_per_round": 9,
+                   "env_steps_per_round": 1000}
+    for workers in (2, 4, 8):
+        assert lift_totals(workers) == one, workers
+
+
+def test_a_global_batch_that_does_not_split_is_refused():
+    from experiments.config import ConfigError, load
+    with pytest.raises(ConfigError, match="experiment.sac.batch_size: the global batch 1024 must split evenly over "
+                                          "train.num_workers=3"):
+        load(["experiment=lift_pretrain", "env=humanoid_state", "scale=paper", "train.num_workers=3"])
+
+
+# -------------------------------------------------------------------------------------------- collective timeout
+
+def test_ranks_wait_for_rank0s_stage2_fit_at_paper_scale():
+    """At scale=paper the other ranks wait at a barrier while rank 0 fits LIFT's stage-2 world model (20k steps on
+    1M rows): the process group's timeout (Ray's default 1800 s) is set to hours there, and reaches TorchConfig."""
+    from cluster.train import TrainConfig, torch_config
+    from experiments.config import load
+    cfg = load(["experiment=lift_pretrain", "env=humanoid_state", "scale=paper"])
+    train = cfg["_typed"]["train"]
+    assert train.collective_timeout_s >= 6 * 3600
+    assert torch_config(train).timeout_s == train.collective_timeout_s
+    assert torch_config(train).backend == "cpu:gloo,cuda:nccl"
+    assert torch_config(TrainConfig()).timeout_s == 1800 and torch_config(TrainConfig()).backend == "gloo"

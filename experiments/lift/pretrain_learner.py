@@ -24,12 +24,12 @@ from algos.lift.replay import ReplayBuffer, transition_fields
 from algos.lift.sac import update
 from cluster import ddp
 from cluster.journal import Journal
-from cluster.metrics import MetricsLogger, Progress
+from cluster.metrics import MetricsLogger, Progress, learner_tags
 from cluster.store import ParquetStore
 from envs.control.tasks import MUJOCO_TASKS
 from experiments.lift.learner_common import (env_dims, evaluate_on_rank0, learner_device, load_checkpoint,
                                              param_divergence, publish, reportable, save_checkpoint, sync_normalizer)
-from experiments.lift.pretrain_config import Config
+from experiments.lift.pretrain_config import Config, rank_share, split
 from experiments.registry import attach_pool
 
 log = logging.getLogger(__name__)
@@ -57,8 +57,9 @@ class PretrainLearner:
         ddp.set_threads(config["torch_threads"])
         ddp.quiet_logs()
         self.exp = exp = Config(**config["experiment"])
-        self.sac = sac = exp.sac_config()
         self.rank, world = ddp.rank(), ddp.world_size()
+        self.sac_total = exp.sac_config()  # the run's global sizes
+        self.sac = sac = rank_share(self.sac_total, world, self.rank)  # this rank's envs, replay and batch
         self.seed = seed = config["seed"]
         run_path = Path(config["run_path"])
         device = learner_device(exp.device)
@@ -68,7 +69,8 @@ class PretrainLearner:
         self.buffer = ReplayBuffer(sac.replay_capacity, transition_fields(obs_dim, act_dim), device=device)
         self.replay = ParquetStore(run_path / "data" / f"replay-rank{self.rank}")
         self.unsaved: list[dict[str, np.ndarray]] = []  # transitions not yet in a Parquet part
-        self.metrics = MetricsLogger(run_path, flush_every=20) if self.rank == 0 else None
+        self.metrics = (MetricsLogger(run_path, flush_every=20, gauges=learner_tags(config["run_id"], "lift"))
+                        if self.rank == 0 else None)
         self.journal = Journal(run_path, [self.replay], metrics=self.metrics)
         self.sample_gen = torch.Generator(device=device).manual_seed(seed * 7 + self.rank)
         self.counters = {"env_steps": 0, "rounds": 0, "wall_s": 0.0, "resumed_from": -1}
@@ -80,15 +82,15 @@ class PretrainLearner:
         self.policy_key = f"{config['run_id']}/policy"
         self.shards = [self.rank * exp.num_shards + s for s in range(exp.num_shards)]
         self.env_configs = [self.shard_config(config, g) for g in self.shards]
-        self.round_steps = world * sac.num_envs * exp.steps_per_round  # env steps of one round, all ranks
+        self.round_steps = self.sac_total.num_envs * exp.steps_per_round  # env steps of one round, all ranks
         self.progress = (Progress(f"lift_pretrain rank{self.rank}", exp.total_env_steps, "env steps")
                          if self.rank == 0 else None)
         self.done = self.counters["env_steps"] >= exp.total_env_steps
 
     def shard_config(self, config: dict, shard: int) -> dict[str, Any]:
-        """The pool sampler config of one env shard (``sac.num_envs / num_shards`` envs, seeded by shard)."""
+        """The pool sampler config of one env shard (its share of this rank's envs, seeded by shard)."""
         task = config["task"]
-        return {"task": task, "num_envs": self.sac.num_envs // self.exp.num_shards,
+        return {"task": task, "num_envs": split(self.sac.num_envs, self.exp.num_shards, shard % self.exp.num_shards),
                 "seed": self.seed * 1000 + shard, "physics_state": self.exp.physics_state and task in MUJOCO_TASKS,
                 "run": config["run_id"], "shard": shard, "change": config.get("change")}
 
