@@ -13,17 +13,23 @@ from cluster.store import ParquetStore
 
 log = logging.getLogger(__name__)
 
+LEARNER_PREFIX = "orrery_learner"  # a learner's gauges: ray_orrery_learner_<metric>{run, method} on the metrics endpoint
+
 
 class MetricsLogger:
     """``log(step, metrics)`` buffers a row; every ``flush_every`` rows (and on ``close``) they go to Parquet.
 
-    Only numbers are kept (Parquet wants a schema; TensorBoard wants scalars).
+    Only numbers are kept (Parquet wants a schema; TensorBoard wants scalars). With ``gauges`` (tags, e.g.
+    ``{"run": run_id, "method": "vidd"}``) every row is also exported as Ray gauges ``orrery_learner_<key>`` with those
+    tags, so Prometheus/Grafana and the Ray dashboard follow the learner while it runs (``RayGauges``).
     """
 
-    def __init__(self, run_path: str | Path, flush_every: int = 10, tensorboard: bool = True) -> None:
+    def __init__(self, run_path: str | Path, flush_every: int = 10, tensorboard: bool = True,
+                 gauges: Mapping[str, str] | None = None) -> None:
         self.store = ParquetStore(Path(run_path) / "metrics")
         self.rows: list[dict[str, float]] = []
         self.flush_every = flush_every
+        self.gauges = RayGauges(LEARNER_PREFIX, tags=gauges) if gauges else None
         self.writer = None
         if tensorboard:
             try:
@@ -38,6 +44,8 @@ class MetricsLogger:
             if isinstance(value, (int, float)) and not isinstance(value, bool) or hasattr(value, "item"):
                 row[key] = float(value)
         self.rows.append(row)
+        if self.gauges is not None:
+            self.gauges.set({k: v for k, v in row.items() if k != "time"})
         if self.writer is not None:
             for key, value in row.items():
                 if key not in ("step", "time") and math.isfinite(value):
@@ -61,6 +69,12 @@ class MetricsLogger:
             self.writer.close()
 
 
+def learner_tags(run_id: str, method: str) -> dict[str, str]:
+    """The tags of a learner's gauges: the run's unique id (``<experiment>/<run name>/<uid>``), its experiment and the
+    method the learner trains (the Grafana dashboard's rows and filters)."""
+    return {"run": run_id, "experiment": run_id.split("/", 1)[0], "method": method}
+
+
 class Progress:
     """One line per update to stderr: ``[name] 12/100 (12%) 340 steps/s ETA 0:42 | key=value ...``."""
 
@@ -76,12 +90,19 @@ class Progress:
         self.last = now
         elapsed = now - self.start
         rate = done / elapsed if elapsed > 0 else 0.0
-        eta = (self.total - done) / rate if rate > 0 else float("inf")
+        sys.stderr.write(self.line(done, rate, **info) + "\n")
+        sys.stderr.flush()
+
+    def line(self, done: float, rate: float, **info: Any) -> str:
+        """The progress line. Written to stderr directly, not printed: Ray Train's workers patch ``print`` to log
+        every line as well as print it, so a printed line showed twice in a job's log."""
+        # a run past its budget (the last round overshoots it) has nothing left to wait for: ETA 0:00, never negative
+        eta = max(self.total - done, 0.0) / rate if rate > 0 else float("inf")
         eta_s = "?" if not math.isfinite(eta) else f"{int(eta // 60)}:{int(eta % 60):02d}"
         extra = " ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in info.items())
         pct = 100.0 * done / self.total if self.total else 100.0
-        print(f"[{self.name}] {done:.0f}/{self.total:.0f} {self.unit} ({pct:.0f}%) {rate:.1f} {self.unit}/s "
-              f"ETA {eta_s} | {extra}", file=sys.stderr, flush=True)
+        return (f"[{self.name}] {done:.0f}/{self.total:.0f} {self.unit} ({pct:.0f}%) {rate:.1f} {self.unit}/s "
+                f"ETA {eta_s} | {extra}")
 
 
 def read_metrics(run_path: str | Path):

@@ -25,7 +25,7 @@ from algos.attnrl.ppo import UpdateContext, stop_followers
 from algos.attnrl.train import train
 from cluster import ddp
 from cluster.journal import Journal
-from cluster.metrics import MetricsLogger, Progress
+from cluster.metrics import MetricsLogger, Progress, learner_tags
 from cluster.pool_config import DEFAULT_GROUP, PoolConfig
 from cluster.store import ParquetStore
 from envs.reasoning.task import ReasoningTask
@@ -75,7 +75,7 @@ class Learner:
         self.task = RecordingTask(base_task, self.policy.codec.encode)
         self.rl_cfg = exp.rl_config(self.method, seed)
         run_id, pool_cfg = config["run_id"], config["pool"]
-        self.metrics = MetricsLogger(self.run_path, flush_every=10)
+        self.metrics = MetricsLogger(self.run_path, flush_every=10, gauges=learner_tags(run_id, self.method))
         self.calls = ParquetStore(self.run_path / "data" / f"generation-{self.method}")
         rollout_log = RolloutLog(self.run_path / "data" / f"rollouts-{self.method}")
         self.journal = Journal(self.run_path, [self.calls, rollout_log.store], metrics=self.metrics)

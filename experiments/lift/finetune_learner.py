@@ -30,7 +30,7 @@ from algos.lift.sac import SACConfig, update
 from algos.lift.world_model_training import heldout_errors, train_world_model
 from cluster import ddp
 from cluster.journal import Journal
-from cluster.metrics import MetricsLogger, Progress
+from cluster.metrics import MetricsLogger, Progress, learner_tags
 from envs.control.safety import JointSafety
 from envs.control.tasks import make_env
 from experiments.lift.finetune_config import METHOD_SPECS, METHODS, Config
@@ -126,7 +126,8 @@ class FinetuneLearner:
         # the stage-2 model, frozen: its error on each epoch's fresh real data says how far the change is from it
         self.stage2_model = copy.deepcopy(self.model) if self.model is not None else None
         self.units = self.model.state_std.clone() if self.model is not None else None  # fixed error units
-        self.metrics = MetricsLogger(run_path, flush_every=1) if self.rank == 0 else None
+        self.metrics = (MetricsLogger(run_path, flush_every=1, gauges=learner_tags(config["run_id"], method))
+                        if self.rank == 0 else None)
         self.journal = Journal(run_path, [], metrics=self.metrics)
         self.resume()
         self.agent.wrap(ddp.wrap_ddp)

@@ -27,7 +27,7 @@ from algos.vidd.vidd import refresh_due, refresh_teacher, rollin_with_teacher, v
 from algos.vidd.x0_losses import x0_update
 from cluster import ddp
 from cluster.journal import Journal
-from cluster.metrics import MetricsLogger, Progress
+from cluster.metrics import MetricsLogger, Progress, learner_tags
 from cluster.pool import SharedPool
 from cluster.store import ParquetStore
 from experiments.registry import attach_pool
@@ -128,7 +128,8 @@ def setup(config: dict) -> Learner:
     model = ddp.wrap_ddp(student)
     model.mask_id, model.seq_len = student.mask_id, student.seq_len  # algos read these off the module
     samples = ParquetStore(run_path / "data" / "samples")
-    metrics_log = MetricsLogger(run_path, flush_every=1_000_000) if rank == 0 else None
+    metrics_log = (MetricsLogger(run_path, flush_every=1_000_000, gauges=learner_tags(config["run_id"], method))
+                   if rank == 0 else None)
     return Learner(
         exp=exp, cfg=cfg, method=method, seed=config["seed"], rank=rank, world=world, run_path=run_path,
         bundle=bundle, pre=pre, student=student, teacher=teacher, model=model,
