@@ -88,11 +88,18 @@ def gate_lines(gate: dict | None) -> list[str]:
              "|---|---|---|---|---|---|---|"]
     rows = [("all", dec["overall"])] + list(dec["by_difficulty"].items())
     for name, r in rows:
-        lines.append(f"| {name} | {r['responses']} | {_signed(r['fci'])} | {_signed(r['earliest'])} | "
-                     f"{_signed(r['random'])} | {_signed(r['fci_minus_earliest'])} | {_signed(r['fci_minus_random'])} |")
+        cells = [_signed(r[k]) for k in ("fci", "earliest", "random", "fci_minus_earliest", "fci_minus_random")]
+        lines.append(f"| {name} | {r['responses']} | " + " | ".join(cells) + " |")
     lines += ["", "FCI at other deltas (all difficulties): " + "; ".join(
         f"delta {d}: FCI {_signed(r['fci'])}, FCI - earliest {_signed(r['fci_minus_earliest'])}"
         for d, r in gate["other_deltas"].items()) + "."]
+    sp = gate["summary"].get("spearman", {})
+    truth = [(f"FCI (delta {d})", sp.get(f"fci(d={d})~cone")) for d in (1, 2, 4)] + [
+        ("earliness", sp.get("earliness~cone")), ("the flip rate itself", sp.get("flip~cone"))]
+    if any(v is not None for _, v in truth):
+        lines += ["", "Against the true dependency (membership in the answer's cone, known to the generator), mean "
+                      "per-response Spearman: " + ", ".join(f"{k} {v:+.3f}" for k, v in truth
+                                                           if v is not None and math.isfinite(v)) + "."]
     rules = gate["summary"].get("rules", {})
     if rules:
         lines += ["", "Branch points each rule picks (N = 2) on the same responses: share in the answer's dependency "
@@ -118,9 +125,8 @@ def tuning_lines(records: list[dict]) -> list[str]:
     methods = [m for m in ORDER if any(r["method"] == m for r in tunes)]
     grid = sorted({float(r["setting"]["lr"]) for r in tunes})
     lines = [f"Tuning (seed(s) {sorted({r['seed'] for r in tunes})}, the same lr grid for every tuned method; score = "
-             "primary metric at the run's own final tokens; oracle and the AttnRL ablations take the lr of the "
-             "method they vary):", "", "| method | " + " | ".join(f"lr {lr:g}" for lr in grid) + " | chosen |",
-             "|---" * (len(grid) + 2) + "|"]
+             "primary metric at the run's own final tokens):", "",
+             "| method | " + " | ".join(f"lr {lr:g}" for lr in grid) + " | chosen |", "|---" * (len(grid) + 2) + "|"]
     for m in methods:
         scores = study.tuning_scores(by, m)
         chosen = max(grid, key=lambda lr: (scores.get(lr, -1.0), -lr)) if len(scores) == len(grid) else None
@@ -172,10 +178,12 @@ def main_tables(by: dict, matched: dict) -> tuple[list[str], dict]:
         lrs = sorted({r["lr"] for r in rs})
         lines.append(f"| {m} | {len(rs)} | {', '.join(f'{x:g}' for x in lrs)} | {_ms(list(primary[m].values()))} | "
                      f"{_ms(late('greedy_longest'))} | {_ms(late('greedy'))} | " + " | ".join(by_d) +
-                     f" | {_ms(late('updates'), '{:.0f}')} | {_ms([r['run']['generated_tokens'] for r in rs], '{:.0f}')} |")
+                     f" | {_ms(late('updates'), '{:.0f}')} | "
+                     f"{_ms([r['run']['generated_tokens'] for r in rs], '{:.0f}')} |")
     from benchmarks.study.stats import paired
     lines += ["", "Seed-paired differences of the primary metric (a - b over the seeds both have):", "",
-              "| a - b | would show | seeds | per seed | mean [95 % t-interval] | verdict |", "|---|---|---|---|---|---|"]
+              "| a - b | would show | seeds | per seed | mean [95 % t-interval] | verdict |",
+              "|---|---|---|---|---|---|"]
     stats = {}
     for a, b, claim in COMPARISONS:
         if a not in primary or b not in primary:
@@ -189,7 +197,8 @@ def main_tables(by: dict, matched: dict) -> tuple[list[str], dict]:
     lines += ["", "Tokens and updates to reach GRPO's final accuracy (GRPO's last-quarter mean of the same seed; first "
                   "evaluation at or above it; per seed), and cost:", "",
               "| method | reach: updates / tokens per seed | train CPU-s per run | generated tokens per train CPU-s | "
-              "valid-prompt ratio | valid trained tokens per generated token | unit CPU-s |", "|---|---|---|---|---|---|---|"]
+              "valid-prompt ratio | valid trained tokens per generated token | unit CPU-s |",
+              "|---|---|---|---|---|---|---|"]
     for m in methods:
         reach = []
         for s in sorted(by[m]):
@@ -239,6 +248,22 @@ def plot(by: dict, matched: dict, path: Path) -> None:
     plt.close(fig)
 
 
+def cost_lines(records: list[dict], plan: list) -> list[str]:
+    """What the study cost so far (CPU-seconds from the records) and what the rest of its plan is expected to cost
+    (the measured mean per role where units of that role finished, the declared estimate elsewhere)."""
+    spent = sum(r["cpu_s"] for r in records) / 3600
+    by_role: dict[str, list[float]] = {}
+    for r in records:
+        by_role.setdefault(r["role"], []).append(r["cpu_s"])
+    done = {r["unit"] for r in records}
+    left = sum(statistics.fmean(by_role[u.role]) if u.role in by_role and u.role != "stage" else u.est_core_s
+               for u in plan if u.name not in done) / 3600
+    per_role = ", ".join(f"{role} {statistics.fmean(v) / 60:.1f} CPU-min x {len(v)}" for role, v in by_role.items())
+    return [f"Cost (CPU time of the unit processes, on a 2-core machine shared with other jobs, so pessimistic): "
+            f"{spent:.2f} core-hours spent ({per_role}); about {left:.2f} core-hours left for the "
+            f"{len(plan) - len(done)} pending unit(s)."]
+
+
 def reading_lines(gate: dict | None, stats: dict, done: int, planned: int) -> list[str]:
     """The reading, mechanical where it can be: every sentence below follows from a number above."""
     lines = ["Reading (each verdict is read off its interval; nothing here is a claim the table does not carry):"]
@@ -279,8 +304,8 @@ def report(records: list[dict], out_dir: Path) -> str:
              "section is made from them alone).", "",
              f"Setup: cone task `{study.TASK}` (only the answer's dependency cone changes it; distractor steps, early "
              f"ones included, are attended to without mattering); one SFT model (`{study.MODEL}`) for every run; "
-             f"RL `{study.RL}`, n = 6, N = 2, T = 2, rho = 0.2; about {tokens // 1000}k generated tokens per run (every "
-             f"generation call counted; cut from the issue's ~200k only if the value here says so), evaluations every "
+             f"RL `{study.RL}`, n = 6, N = 2, T = 2, rho = 0.2; about {tokens // 1000}k generated tokens per run "
+             f"(every generation call counted; the issue asked ~200k), evaluations every "
              f"{tokens // study.EVAL_POINTS // 1000}k tokens on a fixed set ({study.EVAL['per_difficulty']} problems "
              f"per difficulty greedy, the {study.EVAL['per_difficulty'] + study.EVAL['longest_extra']} longest "
              f"problems x {study.EVAL['samples']} samples at T = {study.EVAL['temperature']}: the primary metric). "
@@ -302,6 +327,7 @@ def report(records: list[dict], out_dir: Path) -> str:
     else:
         parts += ["No reported RL unit has finished yet.", ""]
     done = sum(r["role"] == "report" for r in records)
+    parts += cost_lines(records, study.units()) + [""]
     parts += reading_lines(gate, stats, done, planned)
     parts += ["", "Previous round (chain task, 1-4 steps, seeds 0-2, lr tuned on GRPO seed 0): AttnRL 0.640, GRPO "
                   "0.655, entropy branching 0.627, all tied; short traces fix the branch points, which is why this "

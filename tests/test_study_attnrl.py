@@ -9,8 +9,8 @@ from benchmarks.study import attnrl as study
 from benchmarks.study.core import REPORTED_SEEDS, StudyError
 from benchmarks.study.runner import run_unit_inline
 
-TINY = {"sft_max_steps": 2, "sft_eval_problems": 2, "gate_problems": 2, "gate_continuations": 1, "eval_per_difficulty": 1,
-        "eval_longest_extra": 1, "eval_samples": 1, "tokens": 200, "prompts_per_batch": 2}
+TINY = {"sft_max_steps": 2, "sft_eval_problems": 2, "gate_problems": 2, "gate_continuations": 1,
+        "eval_per_difficulty": 1, "eval_longest_extra": 1, "eval_samples": 1, "tokens": 200, "prompts_per_batch": 2}
 
 
 def test_plan_is_valid():
@@ -33,10 +33,10 @@ def test_plan_is_valid():
     for u in tunes:
         grids.setdefault(u.method, set()).add(u.setting["lr"])
     assert all(g == set(study.LR_GRID) for g in grids.values()), grids  # the same grid for every tuned method
+    assert set(grids) == set(study.MAIN_METHODS) | set(study.EXTRA_METHODS)  # every method is tuned
     for u in plan:
         if u.role == "report":
-            source = study.LR_FROM.get(u.method, u.method)
-            assert {t.name for t in tunes if t.method == source} <= set(u.after), u.name
+            assert {t.name for t in tunes if t.method == u.method} <= set(u.after), u.name
 
 
 def test_lr_choice_reads_the_tuning_records():
@@ -47,7 +47,6 @@ def test_lr_choice_reads_the_tuning_records():
                "c": rec("grpo", 1e-4, [0.2, 0.6, 0.7]), "d": rec("grpo", 3e-4, [0.2, 0.1, 0.1])}
     assert study.chosen_lr(records, "attnrl")[0] == 3e-4
     assert study.chosen_lr(records, "grpo")[0] == 1e-4
-    assert study.chosen_lr(records, "attnrl_ads_only")[0] == 3e-4  # the ablations take AttnRL's lr
     with pytest.raises(StudyError, match="no tuning record"):
         study.chosen_lr(records, "entropy_tree")
 

@@ -16,7 +16,8 @@ The plan, in run order (every unit <= 20 min of one core, measured costs in ``CO
    earliest-step ordering and of a random ordering (seed-fixed), paired over responses. RL units run only if FCI
    beats both (95 % t-interval of the paired difference above 0); otherwise they refuse with one line and the report
    says the task leaves the mechanism no room.
-3. ``tune-<method>-lr<lr>-s100``: the same lr grid for every method on tuning seed 100.
+3. ``tune-<method>-lr<lr>-s100``: the same lr grid for every method (ablations and oracle included) on tuning
+   seed 100.
 4. ``<method>-s<seed>``: reported seeds 10-14 (oracle and the two AttnRL ablations: seeds 10-11), each with the lr
    its method's tuning runs chose.
 
@@ -49,8 +50,9 @@ SFT_MARGIN_S = 45.0  # a call stops stepping this long before its deadline, to e
 
 RL = {"delta": 2, "prompts_per_batch": 8}  # delta 2: 6-8 step traces leave delta 4 almost no later steps
 TOKENS = 200_000
-EVAL_POINTS = 6  # evaluations after the start: every TOKENS / 6 tokens
-EVAL = {"per_difficulty": 16, "longest_extra": 48, "samples": 2, "temperature": 1.0}
+EVAL_POINTS = 8  # evaluations after the start: every TOKENS / 8 tokens (three in the last quarter)
+# greedy on 16 problems per difficulty + 112 more of the longest; the primary metric samples the 128 longest twice
+EVAL = {"per_difficulty": 16, "longest_extra": 112, "samples": 2, "temperature": 1.0}
 
 GATE_PROBLEMS = 40  # per difficulty (responses whose line count differs from the program's are dropped)
 GATE_CONTINUATIONS = 4
@@ -63,13 +65,19 @@ EXTRA_METHODS = {
     "attnrl_ads_only": ("attnrl", {"off_policy": False}, (10, 11)),
     "attnrl_offpolicy_only": ("attnrl", {"ads": "off"}, (10, 11)),
 }
-LR_GRID = (1e-4, 3e-4)
+LR_GRID = (1e-4, 3e-4)  # the previous round's GRPO tuning on the chain task: 1e-4 > 3e-4 > 1e-3 (collapsed)
 TUNING_SEEDS = (100,)
-# Methods tuned on their own; the rest take the lr chosen for the method they vary (cut to fit ~3 core-hours).
-LR_FROM = {"oracle_tree": "attn_tree", "attnrl_ads_only": "attnrl", "attnrl_offpolicy_only": "attnrl"}
 
-# Measured core-seconds per unit (benchmarks/results/attnrl/README or the report's cost table; see units()).
-COST_S = {"sft": 2400.0, "gate": 400.0, "rl": 240.0}
+# CPU-seconds per unit, measured (06:00-06:10 UTC, load average 15-30 on the 2 cores: pessimistic) on 30k- and
+# 60k-token runs from a half-trained SFT checkpoint and scaled to TOKENS: GRPO 18 s train + 9 s for 6 evaluations
+# per 60k tokens; the tree methods ~1.5x GRPO's train CPU per generated token (30k-token runs: 19-26 s with 4
+# evaluations). The SFT stage: 99 CPU-s for its first 1,170 steps (difficulty cap 2 -> 5); later steps are longer.
+COST_S = {"sft": 900.0, "gate": 150.0, "grpo": 100.0, "tree": 150.0}
+
+# The budget (issue: the whole study within ~3 core-hours): 1 SFT stage (~0.25 h) + 1 gate (~0.05 h)
+# + 9 methods x 2 lrs x 1 tuning seed = 18 tuning units + 6 methods x 5 seeds + 3 x 2 seeds = 36 reported units,
+# 54 RL units x ~140 s (~2.1 h) = ~2.4 core-hours. Cut to fit: one tuning seed, a 2-point lr grid, the oracle and the
+# two AttnRL ablations on 2 seeds (as the issue allows); not cut: ~200k tokens per run.
 
 
 def algo_of(method: str) -> tuple[str, dict]:
@@ -83,6 +91,10 @@ def algo_of(method: str) -> tuple[str, dict]:
 
 # ------------------------------------------------------------------------------------------------ the plan
 
+def rl_cost(method: str) -> float:
+    return COST_S["grpo"] if method == "grpo" else COST_S["tree"]
+
+
 def _lr_name(lr: float) -> str:
     return f"{lr:.0e}".replace("e-0", "e-")
 
@@ -91,7 +103,7 @@ def units() -> list[Unit]:
     fn = "benchmarks.study.attnrl:"
     plan = [Unit("sft", "stage", "sft", None, fn + "run_sft", est_core_s=COST_S["sft"]),
             Unit("gate", "gate", "fci_gate", None, fn + "run_gate", after=("sft",), est_core_s=COST_S["gate"])]
-    tuned = [m for m in (*MAIN_METHODS, *EXTRA_METHODS) if m not in LR_FROM]
+    tuned = (*MAIN_METHODS, *EXTRA_METHODS)
     tune_names: dict[str, list[str]] = {}
     for seed in TUNING_SEEDS:
         for lr in LR_GRID:
@@ -99,14 +111,13 @@ def units() -> list[Unit]:
                 name = f"tune-{method}-lr{_lr_name(lr)}-s{seed}"
                 tune_names.setdefault(method, []).append(name)
                 plan.append(Unit(name, "tune", method, seed, fn + "run_rl", {"lr": lr}, after=("gate",),
-                                 est_core_s=COST_S["rl"]))
+                                 est_core_s=rl_cost(method)))
     seeds = {m: REPORTED_SEEDS for m in MAIN_METHODS} | {m: v[2] for m, v in EXTRA_METHODS.items()}
     for seed in REPORTED_SEEDS:  # seed-major: a study cut short still has complete seeds for every method
         for method in (*MAIN_METHODS, *EXTRA_METHODS):
             if seed in seeds[method]:
-                after = ("gate", *tune_names[LR_FROM.get(method, method)])
-                plan.append(Unit(f"{method}-s{seed}", "report", method, seed, fn + "run_rl", after=after,
-                                 est_core_s=COST_S["rl"]))
+                plan.append(Unit(f"{method}-s{seed}", "report", method, seed, fn + "run_rl",
+                                 after=("gate", *tune_names[method]), est_core_s=rl_cost(method)))
     return plan
 
 
@@ -269,12 +280,11 @@ def tuning_scores(records: dict[str, dict], method: str) -> dict[float, float]:
 
 
 def chosen_lr(records: dict[str, dict], method: str) -> tuple[float, dict[float, float]]:
-    """The lr with the best tuning score of ``method`` (or of the method it takes its lr from); ties: the smaller."""
-    source = LR_FROM.get(method, method)
-    scores = tuning_scores(records, source)
+    """The lr with the best tuning score of ``method``; ties: the smaller."""
+    scores = tuning_scores(records, method)
     missing = [lr for lr in LR_GRID if lr not in scores]
     if missing:
-        raise StudyError(f"attnrl: {source} has no tuning record for lr {missing[0]:g}; run its tuning units first")
+        raise StudyError(f"attnrl: {method} has no tuning record for lr {missing[0]:g}; run its tuning units first")
     best = max(LR_GRID, key=lambda lr: (scores[lr], -lr))
     return best, scores
 
