@@ -1,0 +1,61 @@
+"""The E-CIT study (benchmarks/study/ecit.py): a valid plan, and every kind of unit at tiny size through the runner's
+inline helper, then the report from those records."""
+from __future__ import annotations
+
+import importlib
+
+import pytest
+
+from benchmarks.study.core import REPORTED_SEEDS
+from benchmarks.study.ecit import CAL_NS, COMBINERS, STUDY, SUBSET_SIZES, TUNE_SEEDS, tuned_setting
+from benchmarks.study.runner import run_unit_inline
+
+TINY = {"reps": 3, "tune_n": 240, "n": 240, "full_max_n": 240, "time_full_ns": [120, 240], "time_ecit_ns": [240, 480],
+        "time_reps": 1, "time_subset_size": 120, "pc_full_n": 300, "pc_ecit_n": 600,
+        "pc_graph": {"d": 4, "degree": 1.5}}
+
+
+def test_plan_is_valid_and_within_the_seed_rules():
+    plan = STUDY.plan()
+    assert plan[0].name == "design" and plan[0].role == "stage"
+    for u in plan:
+        module, fn = u.fn.split(":")
+        assert callable(getattr(importlib.import_module(module), fn))
+        assert u.est_core_s <= 20 * 60
+    cal = [u for u in plan if u.name.startswith("cal-")]
+    assert sorted({u.seed for u in cal}) == list(REPORTED_SEEDS)
+    assert {u.setting["n"] for u in cal} == set(CAL_NS)
+    # >= 200 nulls and >= 200 alternatives per n over the reported seeds
+    from benchmarks.study.ecit import REPS
+    assert REPS * len(REPORTED_SEEDS) >= 200
+    assert sorted(u.seed for u in plan if u.role == "tune") == sorted(list(TUNE_SEEDS) * len(SUBSET_SIZES))
+    for u in plan:
+        if u.name.startswith(("cal-", "pc-ecit")):
+            assert {t.name for t in plan if t.role == "tune"} <= set(u.after)
+
+
+def test_units_run_tiny_and_the_report_reads_their_records(tmp_path):
+    with pytest.raises(Exception, match="runs after design"):
+        run_unit_inline(STUDY, "tune-m200-s100", tmp_path, overrides=TINY)
+    assert run_unit_inline(STUDY, "design", tmp_path, overrides=TINY)["metrics"]["written"] == 1
+    for m in SUBSET_SIZES:
+        for s in TUNE_SEEDS:
+            rec = run_unit_inline(STUDY, f"tune-m{m}-s{s}", tmp_path, overrides={**TINY, "tune_n": 2 * m})
+            assert set(rec["metrics"]) == set(COMBINERS) and rec["metrics"]["fisher"]["null_total"] == 3
+    from benchmarks.study.records import load_records
+    records = {r["unit"]: r for r in load_records(tmp_path / "ecit")}
+    tuned = tuned_setting(records)
+    assert tuned["subset_size"] in SUBSET_SIZES and tuned["combiner"] in COMBINERS
+    cal = run_unit_inline(STUDY, f"cal-n{CAL_NS[0]}-s10", tmp_path, overrides=TINY)
+    assert cal["n"] == 240 and "full" in cal["metrics"] and cal["metrics"]["full"]["alt_total"] == 3
+    assert cal["start_sha"] and cal["tuned"] == tuned
+    t = run_unit_inline(STUDY, "time-s10", tmp_path, overrides=TINY)
+    assert set(t["curves"]["full"]) == {"120", "240"} and all(v > 0 for v in t["curves"]["ecit"].values())
+    full = run_unit_inline(STUDY, "pc-full-s10", tmp_path, overrides=TINY)
+    ecit = run_unit_inline(STUDY, "pc-ecit-s10", tmp_path, overrides=TINY)
+    assert full["dag"] == ecit["dag"]  # both variants score the same graph
+    assert ecit["metrics"]["tests"] > 0 and 0 <= ecit["metrics"]["f1"] <= 1
+    from benchmarks.study.ecit import report
+    text = report(load_records(tmp_path / "ecit"), tmp_path / "out")
+    assert text.startswith("## E-CIT") and f"| 240 | {tuned['combiner']} (tuned) |" in text
+    assert "| full |" in text and (tmp_path / "out" / "ecit_time.png").exists()
