@@ -85,3 +85,26 @@ def test_ecit_pc_recovers_a_linear_graph_and_publish_or_spec_give_the_same_graph
     assert (s["shd"], s["f1"], s["tests"]) == (e["shd"], e["f1"], e["tests"])  # seeded by the question
     assert "full" not in by_spec["methods"]
     assert __import__("os").path.getsize(published["plots"][0]) > 5_000
+
+
+def test_the_subset_size_by_combiner_sweep_runs_its_trials(tmp_path, pool_name):
+    import os
+    import subprocess
+    import sys
+
+    import ray
+    root = __import__("pathlib").Path(__file__).resolve().parents[1]
+    argv = [sys.executable, "-m", "experiments.sweep", "experiment=ecit", "sweep=ecit_subset_combiner",
+            "sweep.max_concurrent=1", "sweep.space.experiment.subset_size.grid=[100]",
+            "sweep.space.experiment.combine.grid=[stable,bonferroni]", "experiment.ns=[400]", "experiment.reps=3",
+            "experiment.base=fisherz", "experiment.full_max_n=0", "experiment.data.nonlinear=false",
+            f"pool.name={pool_name}", f"output_dir={tmp_path}", "run_name=sw",
+            f"cluster.address={ray.get_runtime_context().gcs_address}"]
+    done = subprocess.run(argv, cwd=root, capture_output=True, text=True, timeout=600, env=dict(os.environ))
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    sweep = tmp_path / "ecit" / "sw"
+    best = json.loads((sweep / "best.json").read_text())
+    assert "calibrated_power" in json.dumps(best)
+    summaries = sorted((sweep / "trials" / "ecit").glob("*/summary.json"))
+    combos = {(json.loads(p.read_text())["subset_size"], json.loads(p.read_text())["combine"]) for p in summaries}
+    assert combos == {(100, "stable"), (100, "bonferroni")}
