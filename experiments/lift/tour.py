@@ -21,7 +21,8 @@ TOUR = TourPart(
         TourStage("lift_finetune",
                   overrides=("env=inverted_pendulum", "experiment.pretrain_run=<run_dir:lift_pretrain>",
                              "experiment.methods=[lift,sac_finetune]", "experiment.change={name:gravity,scale:9.0}"),
-                  tiny=("experiment.epochs=2", "experiment.real_steps_per_epoch=200", "experiment.prefill_steps=200",
+                  tiny=("experiment.change=null",  # the task's default change, as the tour test always used
+                        "experiment.epochs=2", "experiment.real_steps_per_epoch=200", "experiment.prefill_steps=200",
                         "experiment.wm_pretrain_steps=100", "experiment.wm_retrain_steps=50",
                         "experiment.hupt_schedule=[0,1,2,2]", "experiment.eval_episodes=2")),
     ),
