@@ -95,15 +95,21 @@ def prepare(overrides: list[str]) -> tuple[dict[str, Any], RunContext]:
     info = connect(cfg["_typed"]["cluster"])
     if info.get("dashboard_url"):
         print(f"Ray dashboard: {info['dashboard_url']}", file=sys.stderr, flush=True)
+    from cluster.storage import require_shared
+    require_shared(run_dir.path)  # a multi-node cluster: every node must see the run directory
     return cfg, RunContext(cfg=cfg, run_dir=run_dir, cluster=info)
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     argv = sys.argv[1:] if argv is None else argv
+    from cluster.storage import StorageNotShared
     try:
         cfg, ctx = prepare(argv)
     except (ConfigError, FileNotFoundError) as err:
         print(f"config error: {err}", file=sys.stderr)
+        raise SystemExit(2)
+    except StorageNotShared as err:
+        print(f"storage error: {err}", file=sys.stderr)
         raise SystemExit(2)
     try:
         summary = cfg["_module"].run(cfg, ctx)

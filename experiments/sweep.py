@@ -152,6 +152,12 @@ def main(argv: list[str] | None = None) -> Any:
     info = connect(cfg["_typed"]["cluster"])
     if info.get("dashboard_url"):
         print(f"Ray dashboard: {info['dashboard_url']}", file=sys.stderr, flush=True)
+    from cluster.storage import StorageNotShared, require_shared
+    try:
+        require_shared(path)  # every node writes trials there
+    except StorageNotShared as err:
+        print(f"storage error: {err}", file=sys.stderr)
+        raise SystemExit(2)
     results = sweep_tune.run_sweep(run_trial, sweep, path / TUNE_DIR, resume=cfg["resume"], base=base,
                                    sweep_path=str(path), experiment=cfg["experiment"]["name"])
     return report(results, sweep, path)
