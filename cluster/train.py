@@ -37,6 +37,9 @@ class TrainConfig:
     # barrier while rank 0 alone does a long step (LIFT's stage-2 world-model fit, a first pool attach). Ray's default
     # is 1800 s; scale=paper sets hours.
     collective_timeout_s: int = 1800
+    # Stage 0 of a method (VIDD's denoiser pretraining, AttnRL's SFT) as a Ray task on one learner's resources
+    # (gpus_per_worker GPUs, cpus_per_worker CPUs) instead of in the driver's process (the head: no GPU, one thread).
+    stage0_on_worker: bool = False
 
     def __post_init__(self) -> None:
         if self.num_workers < 1:
@@ -52,6 +55,34 @@ def torch_config(train: TrainConfig) -> TorchConfig:
     flags) on GPUs, gloo on CPUs; collectives wait ``train.collective_timeout_s`` for the slowest rank."""
     backend = train.backend or ("cpu:gloo,cuda:nccl" if train.use_gpu else "gloo")
     return TorchConfig(backend=backend, timeout_s=int(train.collective_timeout_s))
+
+
+def stage0_options(train: TrainConfig) -> dict[str, Any] | None:
+    """The Ray task options stage 0 runs with (``train.stage0_on_worker``), or None: in the driver's process."""
+    if not train.stage0_on_worker:
+        return None
+    options: dict[str, Any] = {"num_cpus": float(train.cpus_per_worker), "max_retries": 0}
+    if train.use_gpu:
+        options["num_gpus"] = float(train.gpus_per_worker)
+    return options
+
+
+def _stage0_task(fn: Callable[..., Any], threads: int, args: tuple, kwargs: dict) -> Any:
+    import torch
+    torch.set_num_threads(threads)  # Ray sets OMP_NUM_THREADS from the task's CPUs; torch follows explicitly
+    return fn(*args, **kwargs)
+
+
+def stage0(fn: Callable[..., Any], *args: Any, train: TrainConfig, **kwargs: Any) -> Any:
+    """``fn(*args, **kwargs)`` where stage 0 belongs: a Ray task on a learner's GPU and CPUs at ``scale=paper``
+    (``fn`` picks ``cluster.devices.assigned_device()``, the task's GPU), in this process on CPU scales. Its result
+    comes back through the object store (keep it to CPU tensors and paths)."""
+    options = stage0_options(train)
+    if options is None:
+        return fn(*args, **kwargs)
+    threads = max(1, int(options["num_cpus"]))
+    log.info("stage 0 (%s) as a Ray task with %s", getattr(fn, "__name__", fn), options)
+    return ray.get(ray.remote(**options)(_stage0_task).remote(fn, threads, args, kwargs))
 
 
 def _run_from(train_fn: Callable[[dict], None], start_from: str | None, config: dict) -> None:

@@ -52,15 +52,14 @@ def method_summary(df, method: str) -> dict[str, Any]:
 
 def run(cfg: dict, ctx) -> dict[str, Any]:
     from cluster.metrics import read_metrics
-    from cluster.train import fit
+    from cluster.train import fit, stage0
     from experiments.attnrl.learner import train_fn
     from experiments.attnrl.plots import plot_results
-    from experiments.attnrl.sft_stage import evaluate_sft, pretrain_sft
+    from experiments.attnrl.sft_stage import sft_stage
 
     exp: Config = ctx.typed["experiment"]
     run_path = ctx.run_dir.path
-    sft_path, sft_info = pretrain_sft(exp, run_path, cfg["seed"])
-    sft_acc, sft_by_d = evaluate_sft(exp, sft_path)
+    sft_path, sft_info, sft_acc, sft_by_d = stage0(sft_stage, exp, run_path, cfg["seed"], train=ctx.typed["train"])
     print(f"AttnRL SFT ({sft_info.get('steps')} steps, {sft_path}): greedy accuracy {sft_acc:.3f} {sft_by_d}",
           flush=True)
     ctx.pool  # create the pool (named) before the learners attach to it

@@ -21,8 +21,19 @@ def load_sft(path: str | Path) -> tuple[dict, dict]:
     return saved["weights"], saved["info"]
 
 
-def pretrain_sft(exp: Config, run_path: Path, seed: int) -> tuple[Path, dict]:
-    """SFT (or reuse ``<run>/sft_model.pt`` / ``experiment.sft_model``); returns the model file and SFT info."""
+def sft_stage(exp: Config, run_path: Path, seed: int) -> tuple[Path, dict, float, dict[int, float]]:
+    """Stage 0 where ``cluster.train.stage0`` runs it (a Ray task on a learner GPU at scale=paper, else the driver):
+    SFT and its greedy evaluation on this process's device. Returns (model file, SFT info, accuracy, by difficulty)."""
+    from cluster.devices import assigned_device
+    device = assigned_device()
+    path, info = pretrain_sft(exp, run_path, seed, device)
+    accuracy, by_difficulty = evaluate_sft(exp, path, device)
+    return path, info, accuracy, by_difficulty
+
+
+def pretrain_sft(exp: Config, run_path: Path, seed: int, device="cpu") -> tuple[Path, dict]:
+    """SFT (or reuse ``<run>/sft_model.pt`` / ``experiment.sft_model``); returns the model file and SFT info. A Hugging
+    Face model trains on ``device``; the small GPT (cached per config) on the CPU."""
     from algos.attnrl.sft import pretrain, pretrained_policy
     from envs.reasoning.task import ReasoningTask
     if exp.sft_model is not None:
@@ -39,7 +50,8 @@ def pretrain_sft(exp: Config, run_path: Path, seed: int) -> tuple[Path, dict]:
         weights = gpt_weights(policy, gpt_cfg)
     else:
         from algos.attnrl.lm import load_hf_policy
-        policy = load_hf_policy(exp.hf_model, autocast_bf16=use_bf16(exp.autocast_bf16, "cpu"))
+        policy = load_hf_policy(exp.hf_model, autocast_bf16=use_bf16(exp.autocast_bf16, device))
+        policy.model.to(device)
         info = pretrain(policy, task, exp.sft_config())
         weights = hf_weights(policy, exp.hf_model)
     info = {**info, "wall_s": time.perf_counter() - t0}
@@ -50,10 +62,11 @@ def pretrain_sft(exp: Config, run_path: Path, seed: int) -> tuple[Path, dict]:
     return out, info
 
 
-def evaluate_sft(exp: Config, sft_path: Path) -> tuple[float, dict[int, float]]:
+def evaluate_sft(exp: Config, sft_path: Path, device="cpu") -> tuple[float, dict[int, float]]:
     from algos.attnrl.sft import evaluate_accuracy
     from envs.reasoning.task import ReasoningTask
     task = ReasoningTask(exp.task_config())
-    policy = build_policy(load_sft(sft_path)[0], use_bf16(exp.autocast_bf16, "cpu"))
+    policy = build_policy(load_sft(sft_path)[0], use_bf16(exp.autocast_bf16, device))
+    policy.model.to(device)
     res = evaluate_accuracy(policy, task, task.evaluation_problems(exp.eval_problems_per_difficulty, exp.eval_seed))
     return res.accuracy, res.by_difficulty

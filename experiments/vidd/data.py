@@ -47,15 +47,23 @@ def load_task_data(exp: Config, seed: int, run_path: Path) -> TaskData:
     return TaskData(tokens[n_heldout:], tokens[:n_heldout], PROTEIN_VOCAB)
 
 
-def pretrain_model(exp: Config, data: TaskData, seed: int, out: Path) -> dict:
-    """Fit the denoiser to the corpus (MDLM NELBO) and save the bundle {denoiser, vocab, state_dict, metrics}."""
+def pretrain_stage(exp: Config, seed: int, run_path: Path, out: Path) -> dict:
+    """Stage 0 where ``cluster.train.stage0`` runs it (a Ray task on a learner GPU at scale=paper, else the driver):
+    the task's corpus and ``pretrain_model`` on this process's device."""
+    from cluster.devices import assigned_device
+    return pretrain_model(exp, load_task_data(exp, seed, run_path), seed, out, assigned_device())
+
+
+def pretrain_model(exp: Config, data: TaskData, seed: int, out: Path, device="cpu") -> dict:
+    """Fit the denoiser to the corpus (MDLM NELBO) on ``device`` and save the bundle {denoiser, vocab, state_dict (CPU
+    tensors), metrics}."""
     import torch
 
     from algos.vidd.mdlm import DenoiserConfig, MaskedDenoiser, PretrainConfig, nelbo, pretrain
     torch.manual_seed(seed)
     dcfg = DenoiserConfig(vocab_size=data.vocab.size, seq_len=exp.seq_len, d_model=exp.d_model,
                           n_layers=exp.n_layers, n_heads=exp.n_heads, bf16=exp.bf16)
-    model = MaskedDenoiser(dcfg)
+    model = MaskedDenoiser(dcfg).to(device)  # batches follow the model; the generator stays on the CPU
     gen = torch.Generator().manual_seed(seed)
     heldout_before = float(nelbo(model, data.heldout, n_time_samples=2, generator=gen).mean())
     start = time.perf_counter()

@@ -43,7 +43,7 @@ import numpy as np
 
 from algos.vidd.config import METHODS
 from experiments.vidd.config import Config, check  # noqa: F401 - check: the registry's hook
-from experiments.vidd.data import build_model, load_bundle, load_task_data, pretrain_model, sampler_config
+from experiments.vidd.data import build_model, load_bundle, pretrain_stage, sampler_config
 from experiments.vidd.metrics import reward_stats, set_metrics, task_metrics, write_samples
 from experiments.vidd.plots import plot_results
 from experiments.vidd.sampler_requests import best_of_n_candidates, evaluate_through_pool, queries_of, sum_info
@@ -56,7 +56,7 @@ PROTOCOL_KEYS = ("heldout_reward_median", "kmer3_corr")  # DNA: the held-out ora
 
 def run(cfg: dict, ctx) -> dict[str, Any]:
     from cluster.metrics import MetricsLogger, read_metrics
-    from cluster.train import fit
+    from cluster.train import fit, stage0
     from experiments.vidd.learner import train_fn
 
     exp: Config = ctx.typed["experiment"]
@@ -74,7 +74,7 @@ def run(cfg: dict, ctx) -> dict[str, Any]:
                               f"{bundle['denoiser']['seq_len']}, not {exp.task} of length {exp.seq_len}")
         log.info("using the pretrained model %s", pretrained_path)
     else:
-        bundle = pretrain_model(exp, load_task_data(exp, seed, run_path), seed, pretrained_path)
+        bundle = stage0(pretrain_stage, exp, seed, run_path, pretrained_path, train=ctx.typed["train"])
     pre_model = build_model(bundle)
     scfg = sampler_config(exp, bundle)
     methods = exp.method_list()
