@@ -120,3 +120,14 @@ def test_ranks_wait_for_rank0s_stage2_fit_at_paper_scale():
     assert torch_config(train).timeout_s == train.collective_timeout_s
     assert torch_config(train).backend == "cpu:gloo,cuda:nccl"
     assert torch_config(TrainConfig()).timeout_s == 1800 and torch_config(TrainConfig()).backend == "gloo"
+
+
+def test_lm_sampler_cache_fits_a_gpu_workers_share_at_paper_scale():
+    """A gpu pool worker caches up to max_samplers_per_worker LM samplers, each with its own model copy: at
+    scale=paper a 1.5B model in bf16 (~3 GB, plus ~1 GB of KV cache and activations) times that bound must fit the
+    worker's share of an 80 GB GPU (the smallest GPU the deploy files use)."""
+    from experiments.config import load
+    pool = load(["experiment=vidd_molecule", "scale=paper"])["_typed"]["pool"]
+    per_sampler_gb = 1.5e9 * 2 / 1e9 + 1.0
+    share_gb = pool.groups["gpu"]["num_gpus"] * 80
+    assert pool.max_samplers_per_worker * per_sampler_gb <= share_gb, (pool.max_samplers_per_worker, share_gb)
