@@ -16,6 +16,13 @@ What the pool guarantees (the README's pool section says the same):
   sampler's side effects (oracle calls, env steps) can happen twice. A request is run again after at most
   ``pool.max_retries`` worker deaths it was part of; then it fails with a :class:`SamplerError` naming it.
 - A sampler that raises fails the map at once (no retry) and frees every slot the map held.
+- Time limits: a request running past ``pool.request_timeout_s`` (or its sampler's ``timeout_s`` at :meth:`register`)
+  fails its map with a :class:`RequestTimeout` naming it; its worker is killed and Ray restarts it.
+- Health never waits: ``attach``, ``stats`` and ``release`` are answered while every worker runs long requests.
+- Requests travel by reference: the driver puts them into the object store in chunks, the worker fetches its batch;
+  a request bigger than ``pool.max_request_bytes`` is refused before anything is sent.
+- An abandoned map (the ``imap`` consumer stops, ``PendingMap.result`` times out or ``cancel`` is called, the driver
+  exits) stops launching requests; those already running end within their time limit.
 - Small requests travel in batches (``pool.batch_target_s``), so a map of many ms-long requests pays Ray's per-call
   cost once per batch; a batch's results arrive together.
 - Results and weights never pass through the manager: results go from the worker to the driver by ObjectRef, and
@@ -28,6 +35,8 @@ from __future__ import annotations
 
 import concurrent.futures
 import logging
+import pickle
+import threading
 import time
 import uuid
 from dataclasses import asdict
@@ -39,12 +48,46 @@ from ray.exceptions import GetTimeoutError, ObjectLostError, RayActorError
 from cluster.connect import NAMESPACE
 from cluster.pool_config import DEFAULT_GROUP, PoolConfig
 from cluster.pool_manager import PoolManager, UnknownName
-from cluster.pool_worker import SamplerError
+from cluster.pool_worker import RequestTimeout, SamplerError, config_digest, request_summary
+
+__all__ = ["PendingMap", "RequestTimeout", "SamplerError", "SharedPool"]
 
 log = logging.getLogger(__name__)
 
 HEAD_NODE_RESOURCE = "node:__internal_head__"  # every Ray head node has 1 of it
 _MANAGER_GONE = (RayActorError, ObjectLostError)  # the manager died or restarted: its streams and result refs are lost
+CHUNK_BYTES = 1 << 20  # requests are put in chunks of about this size (a bigger request is a chunk of its own)
+
+
+def payload_bytes(request: Any) -> int:
+    """A request's serialised size, without copying its arrays (pickle protocol 5 hands their buffers out)."""
+    buffers: list[pickle.PickleBuffer] = []
+    head = pickle.dumps(request, protocol=5, buffer_callback=buffers.append)
+    return len(head) + sum(b.raw().nbytes for b in buffers)
+
+
+def put_requests(requests: Sequence[dict], max_request_bytes: int, max_chunk: int) -> tuple[list, list[int]]:
+    """Put the requests into the object store in chunks (at most ``max_chunk`` requests or ~1 MiB each, so a worker
+    fetches little beyond its batch); returns the chunk refs and their bounds (chunk c: ``bounds[c]:bounds[c+1]``).
+    A request over ``max_request_bytes`` is refused here, before anything is sent."""
+    refs, bounds, chunk, size = [], [0], [], 0
+    for i, request in enumerate(requests):
+        n = payload_bytes(request)
+        if n > max_request_bytes:
+            raise ValueError(f"request {i} ({request_summary(request) if isinstance(request, dict) else '...'}) is "
+                             f"{n / 2**20:.1f} MiB, over pool.max_request_bytes={max_request_bytes} "
+                             f"({max_request_bytes / 2**20:.1f} MiB): pass big inputs by reference (ray.put, a "
+                             f"file) or raise the limit")
+        if chunk and (size + n > CHUNK_BYTES or len(chunk) >= max_chunk):
+            refs.append(ray.put(chunk))
+            bounds.append(bounds[-1] + len(chunk))
+            chunk, size = [], 0
+        chunk.append(request)
+        size += n
+    if chunk:
+        refs.append(ray.put(chunk))
+        bounds.append(bounds[-1] + len(chunk))
+    return refs, bounds
 
 
 class SharedPool:
@@ -57,8 +100,10 @@ class SharedPool:
     def __init__(self, manager: Any, cfg: PoolConfig, scope: str | None = None) -> None:
         self.manager, self.cfg, self.name, self.scope = manager, cfg, cfg.name, scope
         self.client_id = f"{scope or 'client'}:{uuid.uuid4().hex[:8]}"
-        self.registered: dict[str, tuple[str, str]] = {}
+        self.registered: dict[str, tuple[str, str, float | None]] = {}
         self.latest: dict[str, tuple[int, ray.ObjectRef]] = {}  # key -> (version, ref) this client published last
+        # publish and recover one at a time: a recovery never re-publishes a version older than one published since
+        self.lock = threading.RLock()
 
     @classmethod
     def attach(cls, cfg: PoolConfig | dict | None = None, *, create: bool = True, scope: str | None = None,
@@ -89,9 +134,13 @@ class SharedPool:
         return cls(manager, PoolConfig(**info["config"]), scope)
 
     # -- registry and weights --------------------------------------------------------------------------------------
-    def register(self, name: str, factory: str, group: str = DEFAULT_GROUP) -> None:
-        self.registered[name] = (factory, group)
-        self._call(lambda: self.manager.register.remote(name, factory, group))
+    def register(self, name: str, factory: str, group: str = DEFAULT_GROUP, timeout_s: float | None = None) -> None:
+        """Register a sampler type; ``timeout_s`` overrides ``pool.request_timeout_s`` for its requests (e.g. 3600 for
+        long LM rollouts, 5 for env steps that must never stall)."""
+        if timeout_s is not None and not timeout_s > 0:
+            raise ValueError(f"sampler {name!r}: timeout_s must be > 0 seconds, got {timeout_s}")
+        self.registered[name] = (factory, group, timeout_s)
+        self._call(lambda: self.manager.register.remote(name, factory, group, timeout_s))
 
     def publish(self, key: str, weights: Any) -> int:
         """Publish a new version of ``weights`` under ``key``; returns the version number (1, 2, ...).
@@ -100,12 +149,20 @@ class SharedPool:
         publisher (a run's learner or driver) and never pass through the manager. A request for a key whose publisher
         has exited fails with a SamplerError."""
         ref = ray.put(weights)
-        _, version = self._call(lambda: self.manager.publish.remote(key, [ref], self.scope))
-        self.latest[key] = (version, ref)
+        with self.lock:
+            # this client numbers its own versions (the manager's count is lost with a restart); the first publish
+            # of a key takes the manager's next number
+            mine = self.latest[key][0] + 1 if key in self.latest else None
+            _, version = self._call(lambda: self.manager.publish.remote(key, [ref], self.scope, mine))
+            self.latest[key] = (version, ref)
         return version
 
     def _recover(self, err: Exception) -> None:
         """After a manager restart: wait until it answers, then teach it this client's samplers and weights."""
+        with self.lock:
+            self._recover_locked(err)
+
+    def _recover_locked(self, err: Exception) -> None:
         log.warning("pool %r: manager unavailable (%s); waiting for its restart", self.name, type(err).__name__)
         deadline = time.monotonic() + self.cfg.revive_timeout_s + self.cfg.ready_timeout_s
         while True:
@@ -116,9 +173,9 @@ class SharedPool:
                 if time.monotonic() > deadline:
                     raise SamplerError(f"pool {self.name!r}: its manager did not come back after {err!r}") from None
                 time.sleep(0.5)
-        for name, (factory, group) in self.registered.items():
-            ray.get(self.manager.register.remote(name, factory, group))
-        for key, (version, ref) in self.latest.items():  # our refs survived the manager: same objects, same versions
+        for name, (factory, group, timeout_s) in list(self.registered.items()):
+            ray.get(self.manager.register.remote(name, factory, group, timeout_s))
+        for key, (version, ref) in list(self.latest.items()):  # our refs outlived the manager: same versions
             ray.get(self.manager.publish.remote(key, [ref], self.scope, version))
 
     def _call(self, make_ref) -> Any:
@@ -134,24 +191,37 @@ class SharedPool:
 
     # -- requests --------------------------------------------------------------------------------------------------
     def imap(self, sampler: str, requests: Sequence[dict], *, config: dict | None = None,
-             weights: str | None = None, affinity: Sequence[int] | None = None) -> Iterator[tuple[int, Any]]:
-        """Yield ``(index, result)`` for every request, in completion order, each exactly once."""
+             weights: str | None = None, affinity: Sequence[int] | None = None,
+             _streams: "_Streams | None" = None) -> Iterator[tuple[int, Any]]:
+        """Yield ``(index, result)`` for every request, in completion order, each exactly once. Stopping early (a
+        ``break``, an exception in the consumer) cancels the rest of the map."""
         if affinity is not None and len(affinity) != len(requests):
             raise ValueError(f"affinity has {len(affinity)} entries for {len(requests)} requests")
+        config = config or {}
+        digest = config_digest(config)  # a clear error here for a config that is not plain data
+        for i, request in enumerate(requests):
+            if not isinstance(request, dict):
+                raise TypeError(f"request {i}: a request is a dict, got {type(request).__name__}")
         pending = dict(enumerate(requests))
         recoveries = 0
         while pending:
             order = sorted(pending)
+            stream = None
             try:
+                chunks, bounds = put_requests([pending[i] for i in order], self.cfg.max_request_bytes,
+                                              self.cfg.max_batch)
                 stream = self.manager.run.options(num_returns="streaming").remote(
-                    sampler, config or {}, [pending[i] for i in order], weights,
+                    sampler, digest, config, chunks, bounds, weights,
                     None if affinity is None else [affinity[i] for i in order], self.client_id, self.scope)
+                if _streams is not None:
+                    _streams.add(stream)  # PendingMap.cancel reaches it there
                 for ref in stream:
                     batch, results_ref = ray.get(ref)  # one worker call: several small requests, or one
                     for j, result in zip(batch, ray.get(results_ref)):
                         i = order[j]
                         del pending[i]
                         yield i, result
+                stream = None  # ran to its end: nothing to cancel
             except _MANAGER_GONE as err:
                 recoveries += 1
                 if recoveries > 3:
@@ -164,8 +234,15 @@ class SharedPool:
                     recoveries += 1  # a restarted manager that has not heard from this client yet
                     self._recover(cause)
                     continue
+                if isinstance(cause, SamplerError) and cause.request is not None:
+                    i = order[cause.request]  # the manager counts in the list it was sent: name it as the caller does
+                    raise type(cause)(f"request {i} of sampler {sampler!r} ({request_summary(requests[i])}) "
+                                      f"{cause.message}", i) from None
                 # what went wrong: a SamplerError with the worker's traceback, an unknown sampler, ...
                 raise (cause if isinstance(cause, Exception) else err) from None
+            finally:
+                if stream is not None:  # abandoned (consumer stopped, error) or about to be re-sent: stop it
+                    _cancel(stream)
 
     def map(self, sampler: str, requests: Sequence[dict], **kwargs: Any) -> list[Any]:
         """Like :meth:`imap` but returns results in request order."""
@@ -202,19 +279,67 @@ class SharedPool:
             ray.kill(self.manager, no_restart=True)
 
 
+class _Streams:
+    """The streams of a background map, so that another thread can cancel them (also one started after the cancel)."""
+
+    def __init__(self) -> None:
+        self.lock, self.streams, self.cancelled = threading.Lock(), [], False
+
+    def add(self, stream: Any) -> None:
+        with self.lock:
+            self.streams.append(stream)
+            if not self.cancelled:
+                return
+        _cancel(stream)
+
+    def cancel(self) -> None:
+        with self.lock:
+            self.cancelled = True
+            streams = list(self.streams)
+        for stream in streams:
+            _cancel(stream)
+
+
+def _cancel(stream: Any) -> None:
+    try:
+        ray.cancel(stream, recursive=False)  # the manager's run ends: its launchers stop, running calls finish
+    except Exception as err:  # noqa: BLE001 - a manager already gone has nothing left to stop
+        log.debug("could not cancel a pool map: %r", err)
+
+
 class PendingMap:
-    """A map running in a background thread of the driver; ``result()`` blocks and returns results in order."""
+    """A map running in a background thread of the driver; ``result()`` blocks and returns results in order.
+
+    ``result(timeout)`` that times out abandons the map: it is cancelled (no more of its requests start) and the
+    ``TimeoutError`` is raised; so is :meth:`cancel`."""
 
     def __init__(self, pool: SharedPool, sampler: str, requests: list[dict], kwargs: dict) -> None:
+        self._streams = _Streams()
         self._executor = concurrent.futures.ThreadPoolExecutor(max_workers=1)
-        self._future = self._executor.submit(pool.map, sampler, requests, **kwargs)
+        self._future = self._executor.submit(self._run, pool, sampler, requests, kwargs)
         self.started = time.perf_counter()
+
+    def _run(self, pool: SharedPool, sampler: str, requests: list[dict], kwargs: dict) -> list[Any]:
+        out: list[Any] = [None] * len(requests)
+        for i, result in pool.imap(sampler, requests, _streams=self._streams, **kwargs):
+            if self._streams.cancelled:
+                raise concurrent.futures.CancelledError("the map was cancelled")
+            out[i] = result
+        return out
 
     def done(self) -> bool:
         return self._future.done()
 
+    def cancel(self) -> None:
+        """Stop the map: requests not started yet never start; running ones end within their time limit."""
+        self._streams.cancel()
+        self._executor.shutdown(wait=False)
+
     def result(self, timeout: float | None = None) -> list[Any]:
         try:
             return self._future.result(timeout)
+        except concurrent.futures.TimeoutError:
+            self.cancel()
+            raise
         finally:
             self._executor.shutdown(wait=False)

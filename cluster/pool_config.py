@@ -25,6 +25,9 @@ class WorkerGroup:
     # to keep samplers on nodes started with --resources='{"sampler": 8}').
     strategy: str = "DEFAULT"
     resources: dict[str, float] = field(default_factory=dict)
+    # Bytes of arrays/tensors each worker's caches (samplers and weights) may hold; least recently used out. Set it
+    # to what one worker's memory (a GPU share) fits: a few LMs, not 16.
+    max_cache_bytes: int = 4 * 2**30
 
     def check(self, where: str) -> None:
         if self.num_workers < 1:
@@ -39,6 +42,8 @@ class WorkerGroup:
             raise ValueError(f"{where}.torch_threads: must be >= 1, got {self.torch_threads}")
         if self.strategy not in ("DEFAULT", "SPREAD"):
             raise ValueError(f"{where}.strategy: must be DEFAULT or SPREAD, got {self.strategy!r}")
+        if self.max_cache_bytes < 1:
+            raise ValueError(f"{where}.max_cache_bytes: must be >= 1, got {self.max_cache_bytes}")
         bad = {k: v for k, v in self.resources.items() if not isinstance(v, (int, float)) or v < 0}
         if bad:
             raise ValueError(f"{where}.resources: amounts must be numbers >= 0, got {bad}")
@@ -69,6 +74,10 @@ class PoolConfig(WorkerGroup):
     # dominating requests of a few ms. 0 turns batching off.
     batch_target_s: float = 0.05
     max_batch: int = 64
+    # A request running longer than this (building its sampler and loading weights included) ends its map with a
+    # RequestTimeout naming it; its worker is killed and replaced. A sampler may set its own at register(timeout_s=).
+    request_timeout_s: float = 600.0
+    max_request_bytes: int = 2**30  # one request's payload; a bigger one is refused before it is sent
 
     def __post_init__(self) -> None:
         self.check("pool")
@@ -89,6 +98,10 @@ class PoolConfig(WorkerGroup):
                 raise ValueError(f"pool.{key}: must be >= 1, got {getattr(self, key)}")
         if self.ready_timeout_s <= 0 or self.revive_timeout_s <= 0:
             raise ValueError("pool.ready_timeout_s/revive_timeout_s: must be > 0")
+        if not self.request_timeout_s > 0:
+            raise ValueError(f"pool.request_timeout_s: must be > 0 seconds, got {self.request_timeout_s}")
+        if self.max_request_bytes < 1:
+            raise ValueError(f"pool.max_request_bytes: must be >= 1, got {self.max_request_bytes}")
 
     def worker_groups(self) -> dict[str, WorkerGroup]:
         default = WorkerGroup(**{k: v for k, v in asdict(self).items() if k in _GROUP_KEYS})
