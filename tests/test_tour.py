@@ -119,3 +119,10 @@ def test_a_paper_claim_holds_only_when_the_seed_paired_interval_excludes_zero():
     assert paired_verdict([0.1, -0.2, 0.05, 0.0, -0.1]).startswith("not shown at this budget (5 seeds")
     assert paired_verdict([-0.10, -0.12, -0.11]) == "no (reversed)"
     assert paired_verdict([-300, -250, -280], higher_is_better=False) == "yes"  # fewer real steps is better
+
+
+def test_the_level_claim_needs_enough_nulls_to_say_yes():
+    from experiments.ecit.tour import level_verdict
+    assert level_verdict({"rate": 0.0, "low": 0.0, "high": 0.6, "n": 4}, 0.05).startswith("not shown")
+    assert level_verdict({"rate": 0.05, "low": 0.03, "high": 0.08, "n": 1000}, 0.05) == "yes"
+    assert level_verdict({"rate": 0.2, "low": 0.15, "high": 0.25, "n": 400}, 0.05) == "no"
