@@ -67,19 +67,20 @@ def design() -> dict:
 def units() -> list[Unit]:
     fn = "benchmarks.study.ecit:"
     plan = [Unit("design", "stage", "design", None, fn + "run_design", est_core_s=COST_S["design"])]
-    tunes = [Unit(f"tune-m{m}-s{s}", "tune", "ecit", s, fn + "run_tune", {"subset_size": m}, after=("design",),
+    tunes = [Unit(f"tune-m{m}-s{s}", "tune", f"tune_m{m}", s, fn + "run_tune", {"subset_size": m}, after=("design",),
                   est_core_s=COST_S["tune"] * m / 400) for m in SUBSET_SIZES for s in TUNE_SEEDS]
     plan += tunes
     tuned = tuple(u.name for u in tunes)
-    for s in REPORTED_SEEDS:
-        plan += [Unit(f"cal-n{n}-s{s}", "report", "ecit", s, fn + "run_calibration", {"n": n}, after=tuned,
-                      est_core_s=COST_S[f"cal{n}"]) for n in CAL_NS]
-        plan.append(Unit(f"time-s{s}", "report", "time", s, fn + "run_time", after=("design",),
-                         est_core_s=COST_S["time"]))
-        plan.append(Unit(f"pc-full-s{s}", "report", "pc_full", s, fn + "run_pc", {"variant": "full"},
-                         after=("design",), est_core_s=COST_S["pc-full"]))
-        plan.append(Unit(f"pc-ecit-s{s}", "report", "pc_ecit", s, fn + "run_pc", {"variant": "ecit"}, after=tuned,
-                         est_core_s=COST_S["pc-ecit"]))
+    # kinds outer, seeds inner: a lane that stops early leaves whole rows of the report (cheap calibration first)
+    for n in sorted(CAL_NS, key=lambda n: COST_S[f"cal{n}"]):
+        plan += [Unit(f"cal-n{n}-s{s}", "report", f"cal_n{n}", s, fn + "run_calibration", {"n": n}, after=tuned,
+                      est_core_s=COST_S[f"cal{n}"]) for s in REPORTED_SEEDS]
+    plan += [Unit(f"time-s{s}", "report", "time", s, fn + "run_time", after=("design",), est_core_s=COST_S["time"])
+             for s in REPORTED_SEEDS]
+    for variant in ("full", "ecit"):
+        plan += [Unit(f"pc-{variant}-s{s}", "report", f"pc_{variant}", s, fn + "run_pc", {"variant": variant},
+                      after=("design",) if variant == "full" else tuned, est_core_s=COST_S[f"pc-{variant}"])
+                 for s in REPORTED_SEEDS]
     return plan
 
 
