@@ -14,8 +14,9 @@ TOUR = TourPart(
                                  "experiment.eval_every_updates=2"),
                       tiny=("experiment.task.max_steps=3", "experiment.sft.max_steps=40",
                             "experiment.sft.eval_every=20", "experiment.sft.eval_problems_per_difficulty=4",
-                            "experiment.rl.prompts_per_batch=2", "experiment.rl.token_budget=600", "experiment.rl.max_prompts_per_batch=4",
-                            "experiment.eval_problems_per_difficulty=4", "experiment.eval_every_updates=2")),),
+                            "experiment.rl.prompts_per_batch=2", "experiment.rl.token_budget=600",
+                            "experiment.rl.max_prompts_per_batch=4", "experiment.eval_problems_per_difficulty=4",
+                            "experiment.eval_every_updates=2")),),
     section="experiments.attnrl.tour:section",
     paper_scale="python -m experiments.run experiment=attnrl scale=paper cluster=remote "
                 "experiment.hf_model=<local dir>",
