@@ -128,3 +128,47 @@ def test_units_run_at_tiny_size(name, tmp_path):
     section = mod.report(load_records(out), out)
     assert section.startswith("## ") and f"| {PRIMARY} |" in section and "no claim is read" in section
     assert (out / "vidd_curves.png").is_file()
+
+
+def fake_records(name: str, primary_gain: float) -> list[dict]:
+    """Records of every unit of the plan (no model): the primary ahead of every method by ``primary_gain`` in median
+    reward and 10 nats lower in NLL, seed noise small."""
+    import numpy as np
+    rng = np.random.default_rng(0)
+    plan = module(name).STUDY.plan()
+    out = []
+    for u in plan:
+        base = dict(reward_median=0.4 + rng.normal(0, 0.005), reward_top10=0.6, nll=80.0 + rng.normal(0, 0.5),
+                    diversity=0.9, validity=1.0, uniqueness=1.0, eval_reward_median=0.3, kmer3_corr=0.8)
+        if u.role == "stage":
+            out.append({"unit": u.name, "role": "stage", "metrics": {"heldout_nelbo_before": 130.0,
+                                                                    "heldout_nelbo_after": 60.0,
+                                                                    "pretrained": {**base, "nll": 70.0}}})
+            continue
+        if u.method == "best_of_n":
+            points = [{"N": n, **base} for n in (1, 2, 4, 8, 16, 32)]
+            out.append({"unit": u.name, "role": u.role, "seed": u.seed, "start_sha": "ab" * 32,
+                        "metrics": {**base, "queries_per_output_sample": 32.0, "queries": 0},
+                        "pretrained": points[0], "points": points,
+                        "curves": {"N": [p["N"] for p in points], "reward_median": [p["reward_median"] for p in points],
+                                   "nll": [p["nll"] for p in points]}})
+            continue
+        m = dict(base, lr=u.setting.get("lr", GRID[1]), queries=4096, iterations=50, teacher_refreshes=10,
+                 trajectories=800, queries_per_output_sample=16.0)
+        if u.method == PRIMARY:
+            m.update(reward_median=m["reward_median"] + primary_gain, nll=m["nll"] - 10.0)
+        out.append({"unit": u.name, "role": u.role, "seed": u.seed, "start_sha": "ab" * 32, "metrics": m,
+                    "curves": {"queries": [1024, 2048, 4096], "reward_median": [m["reward_median"]] * 3,
+                               "nll": [m["nll"]] * 3}})
+    return out
+
+
+@pytest.mark.parametrize("gain, expected", [(0.1, "is reproduced here"), (-0.1, "is not reproduced here")])
+def test_report_reads_the_verdicts(gain, expected, tmp_path):
+    section = module("vidd_molecule").report(fake_records("vidd_molecule", gain), tmp_path)
+    assert "no claim is read" not in section and expected in section
+    if gain > 0:
+        assert "higher reward and lower NLL against ddpo, ddpp, rw_mle, standard_ft" in section
+    else:
+        assert "lower reward against ddpo, ddpp, rw_mle, standard_ft" in section
+    assert "| ddpo | 5 |" in section and (tmp_path / "vidd_curves.png").is_file()
