@@ -1,7 +1,9 @@
 """AttnRL and its controls at an equal generated-token budget (tiny GPT, step-delimited DAG arithmetic), and the
 branching diagnostic that comes before any RL.
 
-    # the study of issue 17 (cone task): diagnostic, tuning, reported seeds, report
+    # the committed, resumable study (issue 25) runs on the study runner, one unit at a time:
+    #   python -m benchmarks.study attnrl {run,status,report}     (benchmarks/study/attnrl.py)
+    # this script stays for quick looks; its results live in git-ignored files
     OMP_NUM_THREADS=1 python -m benchmarks.attnrl --preset cone --diagnostic --json runs/attnrl_cone.json
     OMP_NUM_THREADS=1 python -m benchmarks.attnrl --preset cone --seeds 0 1 2 3 4 --json runs/attnrl_cone.json
     OMP_NUM_THREADS=1 python -m benchmarks.attnrl --preset cone --json runs/attnrl_cone.json --report \

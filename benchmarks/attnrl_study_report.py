@@ -333,3 +333,36 @@ def report(records: list[dict], out_dir: Path) -> str:
                   "0.655, entropy branching 0.627, all tied; short traces fix the branch points, which is why this "
                   "study moved to the cone task and gates on FCI first."]
     return "\n".join(parts).rstrip() + "\n"
+
+
+def study_claims(results_dir: Path | None = None) -> list[dict]:
+    """The AttnRL claim rows as the study's committed records say them (for the tour's claims table): AttnRL vs GRPO
+    and vs entropy branching at equal generated tokens, seed-paired over the reported seeds; a pending or refused
+    study says so instead of a verdict."""
+    from benchmarks.study.records import RESULTS, load_records
+    from benchmarks.study.stats import paired
+    records = load_records(results_dir or RESULTS / "attnrl")
+    units = {r["unit"]: r for r in records}
+    where = f"study: benchmarks/RESULTS.md, \"{TITLE.removeprefix('## ').split(' (')[0]}\""
+    gate = units.get("gate")
+    rows = [("grpo", "study, seeds 10-14: more accurate than GRPO at equal generated tokens"),
+            ("entropy_tree", "study, seeds 10-14: more accurate than entropy branching (TreeRL) at equal tokens")]
+    if gate is not None and not gate["metrics"]["fci_beats_both"]:
+        return [{"paper": "AttnRL", "claim": c, "observed": "FCI gate failed: FCI ranks steps no better than earliest "
+                 "or random placement on the study's task, so no RL seed was spent", "holds": f"not tested ({where})"}
+                for _, c in rows]
+    by, matched = reported(records)
+    out = []
+    for b, claim in rows:
+        if "attnrl" not in by or b not in by or len(set(by["attnrl"]) & set(by[b])) < 2:
+            n = len(by.get("attnrl", {}))
+            out.append({"paper": "AttnRL", "claim": claim, "observed": f"pending ({n} of 5 reported AttnRL seeds)",
+                        "holds": f"not yet ({where})"})
+            continue
+        a_s = {s: _late(r, matched[s]) for s, r in by["attnrl"].items()}
+        b_s = {s: _late(r, matched[s]) for s, r in by[b].items()}
+        st = paired(a_s, b_s)
+        out.append({"paper": "AttnRL", "claim": claim,
+                    "observed": f"attnrl - {b}: {_signed(st)} (seeds {sorted(set(a_s) & set(b_s))}, 95 % t-interval)",
+                    "holds": f"{_holds(st)} ({where})"})
+    return out

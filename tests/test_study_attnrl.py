@@ -59,11 +59,13 @@ def test_gate_decision_needs_fci_ahead_of_both_orderings():
     tied = study.gate_decision([r | {"earliest": r["fci"] + 0.05 * (-1) ** i} for i, r in enumerate(rows)], 5)
     assert tied["beats_random"] and not tied["beats_earliest"] and not tied["fci_beats_both"]
     assert not study.gate_decision(rows, min_per_difficulty=6)["enough_responses"]
+    assert not study.gate_decision(rows, 5, difficulties=(6, 7, 8))["enough_responses"]  # no 8-step response
+    assert not study.gate_decision([], 0 + 1, difficulties=(6,))["enough_responses"]
 
 
 @pytest.mark.slow
 def test_one_unit_of_each_kind_at_tiny_size(tmp_path):
-    from benchmarks.attnrl_study_report import report
+    from benchmarks.attnrl_study_report import report, study_claims
     root = tmp_path / "results"
     sft = run_unit_inline(study.STUDY, "sft", results_root=root, overrides=TINY)
     assert sft["metrics"]["steps"] == 2 and sft["metrics"]["stopped_by"] == "max_steps"
@@ -77,6 +79,7 @@ def test_one_unit_of_each_kind_at_tiny_size(tmp_path):
         run_unit_inline(study.STUDY, tune_name, results_root=root, overrides=TINY)
     refused = report([sft, gate], root / "attnrl")
     assert "FCI does not beat both" in refused and "No reported RL unit" in refused
+    assert all(c["observed"].startswith("FCI gate failed") for c in study_claims(root / "attnrl"))
 
     # past the gate (its record is edited here: a 2-step SFT model cannot pass it), every RL kind runs
     path = root / "attnrl" / "gate.json"
@@ -88,11 +91,14 @@ def test_one_unit_of_each_kind_at_tiny_size(tmp_path):
             assert tuned["lr"] == lr and tuned["run"]["generated_tokens"] > 0
             curve = tuned["curves"]["eval"]
             assert curve[0]["tokens"] == 0 and curve[-1]["tokens"] == tuned["run"]["generated_tokens"]
-    runs = [run_unit_inline(study.STUDY, f"{m}-s10", results_root=root, overrides=TINY)
-            for m in ("grpo", "attnrl_offpolicy_only")]
-    assert runs[0]["lr"] in study.LR_GRID and runs[0]["start_sha"] == gate["start_sha"]
-    assert runs[1]["algo"] == "attnrl" and runs[1]["run"]["rl"]["ads"] == "off"
+    ablation = run_unit_inline(study.STUDY, f"tune-attnrl_offpolicy_only-lr{study._lr_name(study.LR_GRID[0])}-s100",
+                               results_root=root, overrides=TINY)
+    assert ablation["algo"] == "attnrl" and ablation["run"]["rl"]["ads"] == "off"
+    runs = [run_unit_inline(study.STUDY, f"{m}-s10", results_root=root, overrides=TINY) for m in ("grpo", "attnrl")]
+    assert all(r["lr"] in study.LR_GRID and r["start_sha"] == gate["start_sha"] for r in runs)
     records = [json.loads(p.read_text()) for p in sorted((root / "attnrl").glob("*.json"))]
     section = report(records, root / "attnrl")
-    assert section.startswith("## ") and "| grpo | 1 |" in section and "attnrl_offpolicy_only" in section
+    assert section.startswith("## ") and "| grpo | 1 |" in section and "| attnrl - grpo |" in section
     assert (root / "attnrl" / "attnrl.png").exists()
+    claims = study_claims(root / "attnrl")  # the tour's claim rows: one AttnRL seed is too few to pair
+    assert len(claims) == 2 and all(c["observed"].startswith("pending (1 of 5") for c in claims)
