@@ -1,16 +1,20 @@
-"""The GPU check: on a machine with an NVIDIA GPU, run what only a GPU can show, in one short script.
+"""The GPU check: on a machine with one NVIDIA GPU (and ~16 cores), run what only a GPU can show, in ~11 minutes.
 
-    OMP_NUM_THREADS=1 python -m benchmarks.gpu_check [--minutes 9] [--record benchmarks/RESULTS.md]
+    OMP_NUM_THREADS=1 python -m benchmarks.gpu_check [--minutes 11] [--record benchmarks/RESULTS.md]
 
-1. the device: name, memory, compute capability, bf16 support and what ``bf16: auto`` chooses;
+1. the device: name, memory, compute capability and what ``bf16: auto`` chooses there;
 2. a 4096^3 matmul in fp32, tf32 and bf16 (TFLOP/s): the precision choice in numbers;
-3. collectives: a NCCL process group (CUDA tensors) and the mixed ``cpu:gloo,cuda:nccl`` backend orrery uses at
-   paper scale (CPU and CUDA tensors in one group), with a one-process group (one GPU cannot hold two NCCL ranks);
-4. every experiment at ``scale=paper`` on a Ray head started here with the GPU (learners on the GPU, model samplers
-   on fractional GPUs, env shards on CPU workers), each for a few minutes at most, with resource overrides that fit
-   one GPU and the machine's CPUs; AttnRL uses a small random-weight Qwen2 model built locally (no hub).
-Each step reports and goes on if another failed; the table goes to stdout and, with ``--record``, to RESULTS.md.
-Without CUDA it stops at step 1 and says so (it is meant for the lent GPU machine; CPU checks are the test suite).
+3. one-process NCCL and ``cpu:gloo,cuda:nccl`` groups (the backend strings of scale=paper);
+4. runs at ``scale=paper`` on a Ray head started here with the GPU, each driver under ``CUDA_VISIBLE_DEVICES=""``
+   (a head without a GPU: what reads a GPU-saved checkpoint there must map it), with every learner as **two Ray
+   Train workers sharing the GPU** (0.4 GPU each, gloo on CUDA tensors: real DDP on one GPU, which NCCL refuses):
+     lift_pretrain -> the same run again with a larger budget (resume from its GPU checkpoint) -> lift_finetune on its
+     output (stage 2 and the world-model retraining on the GPU) -> vidd_molecule with a small pretraining (stage 0 as
+     a GPU task) -> attnrl on a Hugging Face Qwen2 model built here with a real-size (~150k) vocabulary.
+   Every row asserts: exit 0, the DDP replicas identical (``param_max_abs_diff`` 0 in the run's metrics), the
+   precision ``bf16: auto`` chose on the learner's GPU, and what the step is there to show (resumed, stage 0 placed).
+The table goes to stdout (and with ``--record`` to RESULTS.md); the exit status is 1 if any row failed, 2 without
+CUDA (nothing checked: the CPU paths are the test suite's). ``tests/test_readme_commands.py`` validates these configs.
 """
 from __future__ import annotations
 
@@ -22,8 +26,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # a private head: no ~/.ray/auth_token left behind
@@ -32,24 +37,82 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 SECTION = "## GPU check (`benchmarks/gpu_check.py`)"
+HF_VOCAB = 151_643  # Qwen2's tokenizer size (DeepSeek-R1-Distill-Qwen-1.5B); the embedding is padded to 151,936
 
-# scale=paper, with the placement shrunk to one GPU and the host's CPUs (16 on the lent H200 machine)
-FIT_ONE_GPU = ["train.num_workers=1", "train.cpus_per_worker=4", "train.gpus_per_worker=0.5", "pool.num_workers=4",
-               "pool.num_cpus=1", "pool.groups.gpu.num_workers=2", "pool.groups.gpu.num_cpus=1",
-               "pool.groups.gpu.num_gpus=0.2"]
-EXPERIMENTS: dict[str, list[str]] = {
-    "collect": ["experiment=collect", "experiment.num_transitions=64000", "experiment.num_shards=8"],
-    "lift_pretrain": ["experiment=lift_pretrain", "env=humanoid_state", "experiment.total_env_steps=300000",
-                      "experiment.num_shards=4", "experiment.eval_every_steps=100000", "experiment.eval_episodes=4"],
-    # budgets cut to minutes, refresh intervals cut with them (the configs refuse runs with < 5 teacher refreshes)
-    "vidd_molecule": ["experiment=vidd_molecule", "experiment.query_budget=8192", "experiment.refresh_interval=2",
-                      "experiment.eval_samples=256"],
-    "vidd_dna": ["experiment=vidd_dna", "experiment.query_budget=32768", "experiment.refresh_interval=1",
-                 "experiment.eval_samples=128"],
-    "attnrl": ["experiment=attnrl", "experiment.rl.token_budget=60000", "experiment.sft.max_steps=100"],
-}
-TIMEOUT_S = {"collect": 90, "lift_pretrain": 200, "vidd_molecule": 150, "vidd_dna": 120, "attnrl": 150}
+# scale=paper placed on one GPU and 16 CPUs: 2 learners x (0.4 GPU, 2 CPUs) + 2 model samplers x 0.1 GPU
+ONE_GPU = ["scale=paper", "train.num_workers=2", "train.gpus_per_worker=0.4", "train.cpus_per_worker=2",
+           "train.backend=gloo", "pool.num_workers=4", "pool.num_cpus=1", "pool.groups.gpu.num_workers=2",
+           "pool.groups.gpu.num_cpus=1", "pool.groups.gpu.num_gpus=0.1"]
+PRETRAIN = ["experiment=lift_pretrain", "env=humanoid_state", "experiment.num_shards=2",
+            "experiment.eval_every_steps=40000", "experiment.eval_episodes=4",
+            "experiment.checkpoint_every_updates=180"]
 
+
+@dataclass
+class Step:
+    """One run of ``experiments.run``: its overrides, time cap and what must hold afterwards."""
+
+    name: str
+    experiment: str
+    overrides: list[str]
+    timeout_s: float
+    run_name: str
+    checks: list[str] = field(default_factory=list)  # extra check names (CHECKS)
+    needs_hf: bool = False
+
+
+def steps(runs: Path, hf_dir: Path | None) -> list[Step]:
+    pretrain_run = runs / "lift_pretrain" / "lift"
+    hf = [f"experiment.hf_model={hf_dir}"] if hf_dir is not None else []
+    return [
+        Step("lift_pretrain", "lift_pretrain", [*PRETRAIN, "experiment.total_env_steps=60000"], 170, "lift"),
+        Step("lift_pretrain resume", "lift_pretrain", [*PRETRAIN, "experiment.total_env_steps=80000", "resume=true"],
+             110, "lift", ["resumed"]),
+        Step("lift_finetune", "lift_finetune",
+             ["experiment=lift_finetune", "env=humanoid_state", f"experiment.pretrain_run={pretrain_run}",
+              "experiment.method=lift", "experiment.epochs=2", "experiment.real_steps_per_epoch=400",
+              "experiment.prefill_steps=400", "experiment.hupt_schedule=[0,1,2,4]",
+              "experiment.horizon_schedule=[0,1,1,3]",
+              "experiment.wm_hidden=[200,200]", "experiment.wm_pretrain_steps=300", "experiment.wm_pretrain_rows=20000",
+              "experiment.wm_retrain_steps=100", "experiment.wm_eval_every=50", "experiment.eval_episodes=2"],
+             170, "finetune"),
+        Step("vidd_molecule", "vidd_molecule",
+             ["experiment=vidd_molecule", "experiment.method=vidd", "experiment.pretrain_steps=300",
+              "experiment.query_budget=4096", "experiment.refresh_interval=1", "experiment.eval_samples=128",
+              "experiment.best_of_n_outputs=128"], 130, "vidd", ["stage0_task"]),
+        Step("attnrl (HF, 150k vocab)", "attnrl",
+             ["experiment=attnrl", "experiment.methods=[attnrl]", *hf, "experiment.sft.max_steps=10",
+              "experiment.rl.token_budget=20000", "experiment.rl.max_updates=4", "experiment.eval_every_updates=2",
+              "experiment.eval_problems_per_difficulty=4", "experiment.sft.eval_problems_per_difficulty=4"],
+             130, "attnrl", ["stage0_task"], needs_hf=True),
+    ]
+
+
+# ------------------------------------------------------------------------------------------------- the HF model
+
+def build_hf_model(path: Path, vocab_size: int = HF_VOCAB) -> Path:
+    """A small random-weight Qwen2 causal LM with a real-size vocabulary, saved locally (no hub). The tokenizer is
+    byte-level like Qwen's (one token per byte, so newline, the step delimiter ``HFCodec`` looks for, is a token, and
+    text round-trips), no merges, filler tokens up to ``vocab_size``; the logits are as wide as the 1.5B model's."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+    byte_symbols = pre_tokenizers.ByteLevel.alphabet()
+    vocab = {c: i for i, c in enumerate(sorted(byte_symbols))}
+    vocab.update({f"<|x{i}|>": i for i in range(len(vocab), vocab_size - 1)})
+    vocab["<|endoftext|>"] = vocab_size - 1
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tok.decoder = decoders.ByteLevel()
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>", pad_token="<|endoftext|>")
+    cfg = Qwen2Config(vocab_size=151_936, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048,
+                      tie_word_embeddings=True, eos_token_id=vocab_size - 1, pad_token_id=vocab_size - 1)
+    Qwen2ForCausalLM(cfg).save_pretrained(path)
+    fast.save_pretrained(path)
+    return path
+
+
+# ------------------------------------------------------------------------------------------------ device checks
 
 def device_info() -> dict[str, Any]:
     import torch
@@ -59,8 +122,8 @@ def device_info() -> dict[str, Any]:
         return {"cuda": False}
     props = torch.cuda.get_device_properties(0)
     return {"cuda": True, "name": props.name, "memory_gb": round(props.total_memory / 2**30, 1),
-            "capability": f"{props.major}.{props.minor}", "bf16_supported": torch.cuda.is_bf16_supported(),
-            "bf16_auto": use_bf16("auto", "cuda"), "torch": torch.__version__, "cuda_version": torch.version.cuda}
+            "capability": f"{props.major}.{props.minor}", "bf16_auto": use_bf16("auto", "cuda"),
+            "torch": torch.__version__, "cuda_version": torch.version.cuda}
 
 
 def matmul_tflops(n: int = 4096, repeats: int = 20) -> dict[str, float]:
@@ -92,13 +155,13 @@ def collectives() -> dict[str, str]:
             dist.init_process_group(backend=backend, rank=0, world_size=1)
             cuda = torch.ones(4, device="cuda")
             dist.all_reduce(cuda)
-            result = f"all_reduce on cuda ok ({float(cuda.sum()):.0f})"
+            result = f"ok: all_reduce on cuda ({float(cuda.sum()):.0f})"
             if "gloo" in backend:
                 cpu = torch.ones(4)
                 dist.all_reduce(cpu)
-                result += f", on cpu ok ({float(cpu.sum()):.0f})"
+                result += f", on cpu ({float(cpu.sum()):.0f})"
             out[backend] = result
-        except Exception as err:  # noqa: BLE001 - reported, the check goes on
+        except Exception as err:  # noqa: BLE001 - reported as a failed row
             out[backend] = f"failed: {err!r}"[:300]
         finally:
             if dist.is_initialized():
@@ -106,64 +169,97 @@ def collectives() -> dict[str, str]:
     return out
 
 
-def tiny_qwen2(path: Path) -> Path:
-    """A small random-weight Qwen2 causal LM with a character tokenizer, saved locally (no hub)."""
-    from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
-    from tokenizers import Tokenizer, models, pre_tokenizers
+# ---------------------------------------------------------------------------------------------------- the runs
 
-    from envs.reasoning.task import CharTokenizer
-    chars = CharTokenizer()
-    vocab = {tok: i for i, tok in enumerate(chars.symbols)} if hasattr(chars, "symbols") else {
-        chr(i): i - 32 for i in range(32, 127)}
-    vocab.setdefault("<eos>", len(vocab))
-    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<eos>"))
-    tok.pre_tokenizer = pre_tokenizers.Split("", behavior="isolated")
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<eos>", pad_token="<eos>")
-    cfg = Qwen2Config(vocab_size=len(vocab), hidden_size=256, intermediate_size=768, num_hidden_layers=4,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024)
-    Qwen2ForCausalLM(cfg).save_pretrained(path)
-    fast.save_pretrained(path)
-    return path
+def replicas_identical(run_dir: Path) -> str | None:
+    """None if the run's metrics report ``param_max_abs_diff`` and it is 0 everywhere, else what is wrong."""
+    from cluster.metrics import read_metrics
+    try:
+        df = read_metrics(run_dir)
+    except Exception as err:  # noqa: BLE001
+        return f"no metrics ({err!r})"[:200]
+    if "param_max_abs_diff" not in df or df["param_max_abs_diff"].dropna().empty:
+        return "param_max_abs_diff not reported"
+    worst = float(df["param_max_abs_diff"].dropna().abs().max())
+    return None if worst == 0.0 else f"DDP replicas differ by {worst:g}"
 
 
-def run_experiments(minutes: float, workdir: Path) -> list[dict[str, Any]]:
+def precision_as_expected(log: str, expect_bf16: bool) -> str | None:
+    """None if the learners logged the precision ``bf16: auto`` should choose on this GPU, else what is wrong."""
+    lines = [ln for ln in log.splitlines() if "precision on cuda:" in ln]
+    if not lines:
+        return "no 'precision on cuda' line: the learners did not compute on the GPU (or did not say)"
+    want = "bf16" if expect_bf16 else "fp32"
+    wrong = [ln for ln in lines if f"precision on cuda: {want}" not in ln]
+    return None if not wrong else f"expected {want}: {wrong[0][-160:]}"
+
+
+def resumed(run_dir: Path, log: str) -> str | None:
+    from cluster.metrics import read_metrics
+    df = read_metrics(run_dir)
+    if "resumed_from" not in df or not (df["resumed_from"] > 0).any():
+        return "the rerun did not resume from its checkpoint (resumed_from never > 0)"
+    return None
+
+
+def stage0_task(run_dir: Path, log: str) -> str | None:
+    return None if "stage 0 (" in log and "as a Ray task" in log else "stage 0 did not run as a Ray task"
+
+
+CHECKS: dict[str, Callable[[Path, str], str | None]] = {"resumed": resumed, "stage0_task": stage0_task}
+
+
+def run_step(step: Step, head, runs: Path, left_s: float, expect_bf16: bool) -> dict[str, Any]:
+    cmd = [sys.executable, "-m", "experiments.run", *step.overrides, *ONE_GPU, "cluster=remote",
+           f"cluster.address={head.gcs_address}", f"output_dir={runs}", f"run_name={step.run_name}", "log_level=INFO"]
+    env = {**head.env, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}  # the driver: a head without a GPU
+    start = time.perf_counter()
+    failures: list[str] = []
+    try:
+        proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True,
+                              timeout=min(step.timeout_s, left_s))
+        log = proc.stdout + proc.stderr
+        if proc.returncode != 0:
+            failures.append(f"exit {proc.returncode}: {proc.stderr[-400:]!r}")
+    except subprocess.TimeoutExpired as err:
+        log = (err.stdout or b"").decode(errors="replace") + (err.stderr or b"").decode(errors="replace")
+        failures.append(f"stopped at the {min(step.timeout_s, left_s):.0f} s cap")
+    run_dir = runs / step.experiment / step.run_name
+    if not failures:
+        for check in (lambda d, lg: replicas_identical(d), lambda d, lg: precision_as_expected(lg, expect_bf16),
+                      *(CHECKS[c] for c in step.checks)):
+            problem = check(run_dir, log)
+            if problem:
+                failures.append(problem)
+    summary_path = run_dir / "summary.json"
+    summary = json.loads(summary_path.read_text()) if summary_path.exists() else {}
+    return {"step": step.name, "ok": not failures, "status": "ok" if not failures else "; ".join(failures)[:600],
+            "wall_s": round(time.perf_counter() - start, 1), "summary": _headline(summary)}
+
+
+def run_all(minutes: float, workdir: Path, expect_bf16: bool) -> list[dict[str, Any]]:
     from cluster.deploy.local import LocalNode
+    hf_dir = build_hf_model(workdir / "qwen2-150k")
+    runs = workdir / "runs"
     head = LocalNode.head(Path(tempfile.mkdtemp(prefix="orr-gpu-", dir="/tmp")), num_cpus=os.cpu_count() or 16,
                           num_gpus=1)
     deadline = time.monotonic() + 60 * minutes
     rows = []
     try:
-        for name, overrides in EXPERIMENTS.items():
+        for step in steps(runs, hf_dir):
             left = deadline - time.monotonic()
             if left < 30:
-                rows.append({"experiment": name, "status": "skipped (time budget)"})
+                rows.append({"step": step.name, "ok": False, "status": "skipped: out of time"})
                 continue
-            extra = [f"experiment.hf_model={tiny_qwen2(workdir / 'qwen2-tiny')}"] if name == "attnrl" else []
-            cmd = [sys.executable, "-m", "experiments.run", *overrides, *extra, "scale=paper", *FIT_ONE_GPU,
-                   "cluster=remote", f"cluster.address={head.gcs_address}", f"output_dir={workdir / 'runs'}",
-                   f"run_name={name}"]
-            start = time.perf_counter()
-            try:
-                proc = subprocess.run(cmd, cwd=ROOT, env={**head.env, "OMP_NUM_THREADS": "1"}, capture_output=True,
-                                      text=True, timeout=min(TIMEOUT_S[name], left))
-                status = "ok" if proc.returncode == 0 else f"exit {proc.returncode}: {proc.stderr[-300:]!r}"
-                log = proc.stdout + proc.stderr
-            except subprocess.TimeoutExpired as err:
-                status, log = f"stopped at the {TIMEOUT_S[name]} s cap", (err.stdout or b"").decode(errors="replace")
-            summary_path = workdir / "runs" / overrides[0].split("=", 1)[1] / name / "summary.json"
-            summary = json.loads(summary_path.read_text()) if summary_path.exists() else {}
-            precision = next((ln.split("precision on", 1)[1].strip() for ln in log.splitlines()
-                              if "precision on" in ln), "not logged")
-            rows.append({"experiment": name, "status": status, "wall_s": round(time.perf_counter() - start, 1),
-                         "precision": precision, "summary": _headline(summary)})
-            print(f"[gpu_check] {name}: {rows[-1]}", flush=True)
+            rows.append(run_step(step, head, runs, left, expect_bf16))
+            print(f"[gpu_check] {rows[-1]}", flush=True)
     finally:
         head.stop()
     return rows
 
 
 def _headline(summary: dict) -> str:
-    keys = ("env_steps", "updates", "final_eval_return", "transitions", "query_budget", "token_budget", "wall_s")
+    keys = ("env_steps", "updates", "final_eval_return", "query_budget", "train_workers", "wall_s")
     return ", ".join(f"{k}={summary[k]}" for k in keys if summary.get(k) is not None)[:200]
 
 
@@ -175,42 +271,41 @@ def report(info: dict, tflops: dict, comms: dict, rows: list[dict]) -> str:
     if comms:
         lines += ["| process group | result |", "|---|---|", *[f"| {k} | {v} |" for k, v in comms.items()], ""]
     if rows:
-        lines += ["| experiment (scale=paper, one GPU) | status | wall s | precision | summary |", "|---|---|---|---|---|"]
-        lines += [f"| {r['experiment']} | {r['status']} | {r.get('wall_s', '')} | {r.get('precision', '')} | "
-                  f"{r.get('summary', '')} |" for r in rows]
+        lines += ["| step (scale=paper, 2 learners on one GPU) | status | wall s | summary |", "|---|---|---|---|"]
+        lines += [f"| {r['step']} | {r['status']} | {r.get('wall_s', '')} | {r.get('summary', '')} |" for r in rows]
     return "\n".join(lines) + "\n"
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--minutes", type=float, default=9.0, help="time budget for the experiment runs")
+    p.add_argument("--minutes", type=float, default=11.0, help="time budget for the runs")
     p.add_argument("--record", type=Path, default=None, help="write the section into this RESULTS.md")
     args = p.parse_args(argv)
     info = device_info()
     print(f"[gpu_check] device: {info}", flush=True)
-    tflops, comms, rows = {}, {}, []
-    if info["cuda"]:
-        tflops = matmul_tflops()
-        print(f"[gpu_check] matmul TFLOP/s: {tflops}", flush=True)
-        comms = collectives()
-        print(f"[gpu_check] collectives: {comms}", flush=True)
-        workdir = Path(tempfile.mkdtemp(prefix="orrery-gpu-check-"))
-        try:
-            rows = run_experiments(args.minutes, workdir)
-        finally:
-            shutil.rmtree(workdir, ignore_errors=True)
-    else:
-        print("[gpu_check] no CUDA device: nothing to check here (the CPU paths are the test suite's)", flush=True)
+    if not info["cuda"]:
+        print("[gpu_check] no CUDA device: nothing checked (the CPU paths are the test suite's)", flush=True)
+        return 2
+    tflops = matmul_tflops()
+    print(f"[gpu_check] matmul TFLOP/s: {tflops}", flush=True)
+    comms = collectives()
+    print(f"[gpu_check] collectives: {comms}", flush=True)
+    workdir = Path(tempfile.mkdtemp(prefix="orrery-gpu-check-"))
+    try:
+        rows = run_all(args.minutes, workdir, bool(info["bf16_auto"]))
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
     section = report(info, tflops, comms, rows)
     print(section)
-    if args.record and info["cuda"]:
-        _record(args.record, section)
-
-
-def _record(path: Path, section: str) -> None:
-    from benchmarks.results_md import replace_section
-    replace_section(path, SECTION, section)
+    if args.record:
+        from benchmarks.results_md import replace_section
+        replace_section(args.record, SECTION, section)
+    failed = [r["step"] for r in rows if not r["ok"]] + [k for k, v in comms.items() if v.startswith("failed")]
+    if failed:
+        print(f"[gpu_check] FAILED: {', '.join(failed)}", flush=True)
+        return 1
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -74,9 +74,23 @@ def _fill(arg: str, placeholders: dict[str, str]) -> str:
     return arg
 
 
-def test_the_gpu_check_configs_are_valid():
-    """benchmarks/gpu_check.py runs only on a lent GPU machine: its configs must not fail there on a typo."""
-    from benchmarks.gpu_check import EXPERIMENTS, FIT_ONE_GPU
-    for name, overrides in EXPERIMENTS.items():
-        if name != "attnrl":  # attnrl needs the local HF model the script builds on the GPU machine
-            load([*overrides, "scale=paper", *FIT_ONE_GPU])
+def test_the_gpu_check_configs_are_valid(tmp_path_factory):
+    """benchmarks/gpu_check.py runs only on a lent GPU machine: its configs must not fail there on a typo, and the
+    Hugging Face model it builds (a real-size vocabulary) must work with orrery's codec and policy."""
+    from algos.attnrl.lm import load_hf_policy
+    from benchmarks.gpu_check import HF_VOCAB, ONE_GPU, build_hf_model, steps
+    from experiments.config import ConfigError
+    tmp = tmp_path_factory.mktemp("gpu-check")
+    hf_dir = build_hf_model(tmp / "qwen2-150k")
+    policy = load_hf_policy(str(hf_dir))
+    text = "x = 12 + 3\ny = x * 2\n"
+    assert len(policy.codec.tokenizer) == HF_VOCAB and policy.codec.decode(policy.codec.encode(text)) == text
+    assert policy.codec.delimiter_ids  # the step delimiter is a token
+    for step in steps(tmp / "runs", hf_dir):
+        overrides = [*step.overrides, *ONE_GPU]
+        if step.experiment == "lift_finetune":  # its pretraining run exists only once the steps before it ran
+            with pytest.raises(ConfigError, match="experiment.pretrain_run: .* is not a directory"):
+                load(overrides)
+        else:
+            train = load(overrides)["_typed"]["train"]
+            assert train.num_workers == 2 and train.gpus_per_worker * 2 + 0.1 * 2 <= 1.0 and train.backend == "gloo"
