@@ -4,6 +4,7 @@ import importlib
 import json
 
 import pytest
+import torch
 
 from benchmarks.study import attnrl as study
 from benchmarks.study.core import REPORTED_SEEDS, StudyError
@@ -61,6 +62,18 @@ def test_gate_decision_needs_fci_ahead_of_both_orderings():
     assert not study.gate_decision(rows, min_per_difficulty=6)["enough_responses"]
     assert not study.gate_decision(rows, 5, difficulties=(6, 7, 8))["enough_responses"]  # no 8-step response
     assert not study.gate_decision([], 0 + 1, difficulties=(6,))["enough_responses"]
+
+
+def test_sft_stage_checkpoints_when_its_call_runs_out_and_resumes(tmp_path):
+    root = tmp_path / "results"
+    sizes = TINY | {"sft_margin_s": 0.0}
+    assert run_unit_inline(study.STUDY, "sft", results_root=root, overrides=sizes, call_s=0.0) is None  # no time
+    art = root / "attnrl" / "artifacts" / "sft"
+    state = torch.load(art / "checkpoint.pt", weights_only=False)
+    assert state["step"] == 0 and not state["done"] and not (art / "model.pt").exists()
+    record = run_unit_inline(study.STUDY, "sft", results_root=root, overrides=sizes)
+    assert record["calls"] == 2 and record["metrics"]["steps"] == 2
+    assert (art / "model.pt").exists()
 
 
 @pytest.mark.slow
