@@ -268,3 +268,35 @@ def test_samplers_are_cached_per_run_and_exact_config(pool_factory):
         pool.map("echo", [{}], weights=f"w{k}")
     worker = pool.stats()["workers"][0]
     assert worker["cache_bytes"] <= 3 << 20 and len(worker["cached_weights"]) == 1, worker
+
+
+def test_a_map_whose_driver_is_killed_stops_launching(pool_factory, ray_cluster):
+    import os
+    import signal
+    import subprocess
+    import sys
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    pool = pool_factory(num_workers=1, batch_target_s=0)
+    address = ray.get_runtime_context().gcs_address
+    script = (
+        "import ray, sys\n"
+        f"ray.init(address={address!r}, namespace='orrery')\n"
+        "from cluster.pool import SharedPool\n"
+        f"pool = SharedPool.attach({{'name': {pool.name!r}}}, create=False)\n"
+        "for i, _ in pool.imap('echo', [{'sleep_s': 0.3}] * 60):\n"
+        "    print('GOT', i, flush=True)\n"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", script], cwd=root, stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().startswith("GOT"), "the driver's map did not start"
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    # the map's requests live in the dead driver's objects: the next fetch fails and the map ends
+    def settled() -> list[int]:  # requests served, once no more are served for 1.5 s
+        before = pool.stats()["requests"]
+        time.sleep(1.5)
+        return [before] if pool.stats()["requests"] == before else []
+    (served,) = _wait_until(settled, 30, "the dead driver's map to stop")
+    assert served < 20, f"{served} of the dead driver's 60 requests ran"
+    assert pool.stats()["inflight"] == [0]
