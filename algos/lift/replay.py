@@ -96,8 +96,7 @@ class ReplayBuffer:
     def state_dict(self) -> dict[str, Any]:
         """Filled rows (CPU tensors), ring pointer and layout; ``load_state_dict`` restores them bit-exactly.
         Exact resume needs the rows, so each checkpoint copies the filled ring to host memory once (a 1M-row humanoid
-        replay: 0.5-3 GB per rank,
-        by observation size); at paper sizes checkpoints are spaced by ``checkpoint_every_updates`` (50k)."""
+        replay: 0.5-3 GB per rank, by observation size); at paper sizes checkpoints are 50k updates apart."""
         return {
             "capacity": self.capacity,
             "specs": {name: (shape, str(dtype).removeprefix("torch.")) for name, (shape, dtype) in self.specs.items()},
