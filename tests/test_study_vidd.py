@@ -110,7 +110,7 @@ def test_units_run_at_tiny_size(name, tmp_path):
     assert run_unit_inline(name, "pretrain", tmp_path, overrides=TINY) is not None
     out = tmp_path / name
     sha = sha256_files(mod.STUDY.start_files(out / "artifacts"))
-    for lr in GRID:
+    for lr in GRID if name == "vidd_molecule" else GRID[:1]:  # DNA: one tuning unit and best-of-N (time)
         rec = run_unit_inline(name, f"tune-{PRIMARY}-lr{lr:g}-s100", tmp_path, overrides=TINY)
         assert rec["start_sha"] == sha
         m = rec["metrics"]
@@ -119,9 +119,11 @@ def test_units_run_at_tiny_size(name, tmp_path):
         assert m["n_samples"] == TINY["eval_samples"] and 0 <= m["validity"] <= 1
         if name == "vidd_dna":
             assert {"eval_reward_median", "kmer3_corr"} <= set(m)
-    rec = run_unit_inline(name, f"{PRIMARY}-s10", tmp_path, overrides=TINY)
-    assert rec["tuning"]["chosen"] == rec["metrics"]["lr"] and set(rec["tuning"]["grid"]) == {f"{v:g}" for v in GRID}
-    assert len(rec["curves"]["queries"]) == 3 and rec["curves"]["queries"][-1] == rec["metrics"]["queries"]
+    if name == "vidd_molecule":  # a reported unit: the lr its tuning chose, curve points at 1/4 and 1/2 of the budget
+        rec = run_unit_inline(name, f"{PRIMARY}-s10", tmp_path, overrides=TINY)
+        assert rec["tuning"]["chosen"] == rec["metrics"]["lr"]
+        assert set(rec["tuning"]["grid"]) == {f"{v:g}" for v in GRID}
+        assert len(rec["curves"]["queries"]) == 3 and rec["curves"]["queries"][-1] == rec["metrics"]["queries"]
     bon = run_unit_inline(name, "best_of_n-s10", tmp_path, overrides=TINY)
     assert bon["curves"]["N"] == [1, 2, 4] and bon["metrics"]["queries_per_output_sample"] == 4
     assert bon["curves"]["reward_median"][-1] >= bon["curves"]["reward_median"][0]
