@@ -80,16 +80,23 @@ def gate_lines(gate: dict | None) -> list[str]:
     lines = [f"**FCI gate** (`gate` unit, delta = {m['delta']}): the SFT model's responses to "
              f"{m['problems_per_difficulty']} problems per difficulty (kept, line count matching the program: "
              + ", ".join(f"{d} steps: {n}" for d, n in m["responses_kept"].items()) +
-             ") are branched at every computation step after the first, 4 continuations each; a step's measured "
-             "influence on the answer is its outcome-flip rate. Per response, Spearman correlation of each ordering "
-             "of the steps with that influence (responses with a constant flip rate left out; a constant ordering "
-             "counts 0); mean [95 % t-interval] over responses:", "",
+             ") are branched at every computation step after the first, 4 continuations each; flip(k) = share of "
+             "continuations from step k whose reward differs from the original's. A step's measured influence on the "
+             "answer is flip(k) - flip(k + 1), what resampling the step itself adds (the resampling importance of "
+             "Thought Anchors). Per response, Spearman correlation of each ordering of the steps with that influence "
+             "(responses with a constant influence left out; a constant ordering counts 0); mean [95 % t-interval] "
+             "over responses:", "",
              "| difficulty | responses | FCI | earliest first | random | FCI - earliest | FCI - random |",
              "|---|---|---|---|---|---|---|"]
     rows = [("all", dec["overall"])] + list(dec["by_difficulty"].items())
     for name, r in rows:
         cells = [_signed(r[k]) for k in ("fci", "earliest", "random", "fci_minus_earliest", "fci_minus_random")]
         lines.append(f"| {name} | {r['responses']} | " + " | ".join(cells) + " |")
+    if "suffix_flip" in gate:
+        r = gate["suffix_flip"]
+        lines += ["", f"Against flip(k) itself (positional by construction: earlier resampling redoes more steps), "
+                      f"{r['responses']} responses: FCI {_signed(r['fci'])}, earliest {_signed(r['earliest'])}, random "
+                      f"{_signed(r['random'])}."]
     lines += ["", "FCI at other deltas (all difficulties): " + "; ".join(
         f"delta {d}: FCI {_signed(r['fci'])}, FCI - earliest {_signed(r['fci_minus_earliest'])}"
         for d, r in gate["other_deltas"].items()) + "."]

@@ -176,18 +176,29 @@ def summarize_branching(records: Sequence[dict], deltas: Sequence[int] = (1, 2, 
             "atb_equals_earliest": {d: mean([float(x) for x in v]) for d, v in atb_is_earliest.items()}}
 
 
-def step_rank_correlations(records: Sequence[dict], delta: int, seed: int = 0) -> list[dict]:
+def step_rank_correlations(records: Sequence[dict], delta: int, seed: int = 0,
+                           influence: str = "marginal") -> list[dict]:
     """Per branched response of :func:`branch_every_step`: the rank correlation with the measured influence of each
-    step (its outcome-flip rate) of three orderings of the branching candidates (computation steps after the first;
-    the answer line is left out): FCI at ``delta``, earliness (earlier ranks higher, the paper's "early steps"
-    ablation) and a random ordering (``random.Random(seed)``, one permutation per response).
+    step of three orderings of the branching candidates (computation steps after the first; the answer line is left
+    out): FCI at ``delta``, earliness (earlier ranks higher, the paper's "early steps" ablation) and a random ordering
+    (``random.Random(seed)``, one permutation per response).
 
-    Responses whose flip rate is the same at every candidate carry no influence ranking and are left out. An
-    ordering that is constant over the candidates (FCI all zero, say) ranks nothing: it counts as 0, not as missing,
-    so a blind FCI cannot win by abstaining. Returns ``[{"difficulty", "fci", "earliest", "random", "steps"}]``.
+    The measured influence of step k on the answer:
+
+    * ``"marginal"``: flip(k) - flip(k + 1), how much more often the outcome changes when step k itself is resampled
+      than when only the steps after it are (the resampling importance of Bogdan et al. 2025, "Thought Anchors",
+      the paper AttnRL takes its delta from). Not positional by construction.
+    * ``"suffix"``: flip(k), the outcome-flip rate when step k and everything after it is resampled. This grows with
+      the number of answer-relevant steps after k, so in expectation earliness ranks it best whatever FCI does.
+
+    Responses whose influence is the same at every candidate carry no ranking and are left out. An ordering that is
+    constant over the candidates (FCI all zero, say) ranks nothing: it counts as 0, not as missing, so a blind FCI
+    cannot win by abstaining. Returns ``[{"difficulty", "fci", "earliest", "random", "steps"}]``.
     """
     import random
 
+    if influence not in ("marginal", "suffix"):
+        raise ValueError(f"influence must be 'marginal' or 'suffix', got {influence!r}")
     rng = random.Random(seed)
     out = []
     for rec in records:
@@ -196,13 +207,14 @@ def step_rank_correlations(records: Sequence[dict], delta: int, seed: int = 0) -
             continue
         order = list(range(len(steps)))
         rng.shuffle(order)  # drawn for every response, so one response's skip does not shift the others'
-        flip = [s["flip"] for s in steps]
-        if len(set(flip)) < 2:
+        flips = [s["flip"] for s in rec["steps"]]
+        target = [flips[i] - flips[i + 1] for i in range(len(steps))] if influence == "marginal" else flips[:-1]
+        if len(set(target)) < 2:
             continue
         fci = [s["fci"][delta] if delta in s["fci"] else s["fci"][str(delta)] for s in steps]
 
         def corr(x: Sequence[float]) -> float:
-            c = spearman(x, flip)
+            c = spearman(x, target)
             return 0.0 if math.isnan(c) else c
 
         out.append({"difficulty": rec["difficulty"], "fci": corr(fci), "earliest": corr([-s["step"] for s in steps]),

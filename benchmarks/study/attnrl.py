@@ -10,12 +10,15 @@ The plan, in run order (every unit <= 20 min of one core, measured costs in ``CO
 1. ``sft``: supervised pretraining of a small GPT on the cone task, resumable: weights, optimizer, schedule, step,
    curriculum level and RNG are checkpointed into ``artifacts/sft/checkpoint.pt`` before every call's 15-min deadline.
    Its end product ``artifacts/sft/model.pt`` is the study's start model (its sha256 is in every later record).
-2. ``gate``: the FCI diagnostic. The SFT model's sampled responses are branched at every step; the outcome-flip rate
-   of a step (share of continuations from that step whose reward differs from the original's) is its measured
-   influence on the answer. Per response, the rank correlation of FCI with it is compared with that of the
+2. ``gate``: the FCI diagnostic. The SFT model's sampled responses are branched at every step (4 continuations
+   each); flip(k) is the share of continuations from step k whose reward differs from the original's. A step's
+   measured influence on the answer is flip(k) - flip(k + 1): what resampling the step itself adds to resampling
+   what follows it (the resampling importance of "Thought Anchors", where AttnRL's delta comes from). flip(k) alone
+   grows with the number of answer-relevant steps after k, so earliness would rank it best whatever FCI does; it is
+   recorded too. Per response, the rank correlation of FCI with the influence is compared with that of the
    earliest-step ordering and of a random ordering (seed-fixed), paired over responses. RL units run only if FCI
-   beats both (95 % t-interval of the paired difference above 0); otherwise they refuse with one line and the report
-   says the task leaves the mechanism no room.
+   beats both (95 % t-interval of the paired difference above 0); otherwise they refuse with one line and the
+   report says the task leaves the mechanism no room.
 3. ``tune-<method>-lr<lr>-s100``: the same lr grid for every method (ablations and oracle included) on tuning
    seed 100.
 4. ``<method>-s<seed>``: reported seeds 10-14 (oracle and the two AttnRL ablations: seeds 10-11), each with the lr
@@ -245,7 +248,9 @@ def run_gate(ctx: UnitContext) -> dict:
     branch_s = time.perf_counter() - t0
     summary = summarize_branching(records, GATE_DELTAS, rl.branch_points, rl.rho)
     difficulties = range(TASK["min_steps"], TASK["max_steps"] + 1)
-    decision = gate_decision(step_rank_correlations(records, rl.delta), min(24, per_difficulty), difficulties)
+    decision = gate_decision(step_rank_correlations(records, rl.delta, influence="marginal"), min(24, per_difficulty),
+                             difficulties)
+    suffix = gate_decision(step_rank_correlations(records, rl.delta, influence="suffix"), 0)["overall"]
     other_deltas = {str(d): gate_decision(step_rank_correlations(records, d), 0)["overall"] for d in GATE_DELTAS}
     kept = {str(d): sum(r["difficulty"] == d for r in records) for d in difficulties}
     sft_eval = evaluator(task, ctx)(sft)
@@ -254,7 +259,8 @@ def run_gate(ctx: UnitContext) -> dict:
                         "beats_random": decision["beats_random"], "enough_responses": decision["enough_responses"],
                         "delta": rl.delta, "problems_per_difficulty": per_difficulty, "responses_kept": kept,
                         "branch_s": branch_s},
-            "decision": decision, "other_deltas": other_deltas, "summary": summary,
+            "influence": "marginal", "decision": decision, "suffix_flip": suffix, "other_deltas": other_deltas,
+            "summary": summary,
             "sft": {"eval": sft_eval, "steps": info["steps"], "history_tail": info["history"][-3:]}}
 
 
