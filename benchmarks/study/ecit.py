@@ -19,7 +19,8 @@ the cluster. The plan, fixed before any unit ran (every unit <= 20 min of one co
      extrapolates where KCI stops being feasible.
    - ``pc-full-s<seed>`` and ``pc-ecit-s<seed>``: PC (causal-learn, max_k 2, level 0.05) on one random 6-node
      nonlinear SEM per seed, with KCI on all rows at n = :data:`PC_FULL_N` and with E-KCI at n = :data:`PC_ECIT_N`
-     (chosen so that both spend about the same CPU: ~9 s per KCI test at 2000 rows vs ~0.25 s per 400-row subset);
+     (chosen so that both spend about the same CPU: 7.6 s per KCI test at 2000 rows = 120 subsets of 400 rows at
+     0.063 s each);
      SHD to the true CPDAG and skeleton F1, seed-paired (E-CIT minus full), with the CPU each spent.
 Data: the post-nonlinear triplet (envs.causal.triplets; t3 noise, one conditioning variable, effect 0.5) and the
 random-DAG SEM (envs.causal.sem), seeded from (unit seed, n, repeat) so every method sees the same datasets.
@@ -43,18 +44,19 @@ COMBINERS = {"stable1.75": ("stable", 1.75), "stable2": ("stable", 2.0), "cauchy
 TUNE_SEEDS = (100, 101)
 TUNE_N = 4000
 REPS = 40                         # null datasets and as many alternatives per unit
-CAL_NS = (1000, 2000, 4000, 16000)
+CAL_NS = (1000, 2000, 4000, 16000, 64000)
 FULL_MAX_N = 2000                 # KCI on all rows in the calibration units up to here
 TIME_FULL_NS = (500, 1000, 2000, 4000)
 TIME_ECIT_NS = (1000, 4000, 16000, 64000, 100000)
-PC_FULL_N, PC_ECIT_N = 2000, 14000
+PC_FULL_N, PC_ECIT_N = 2000, 48000
 PC_GRAPH = {"kind": "sem", "d": 6, "degree": 2.0, "sem": "nonlinear", "noise": "t3"}
 PC_MAX_K = 2
 DATA = {"dz": 1, "noise": "t3", "effect": 0.5, "nonlinear": True}
 DESIGN = "design.json"
-# est. core seconds per unit on the 2-core EPYC (KCI: 400 rows ~0.25 s, 2000 rows ~9 s); measured means replace them
-COST_S = {"design": 5, "tune": 300, "cal1000": 200, "cal2000": 900, "cal4000": 300, "cal16000": 900, "time": 600,
-          "pc-full": 900, "pc-ecit": 900}
+# est. core seconds per unit on the 2-core EPYC, idle (KCI CPU: 400 rows 0.063 s, 2000 rows 7.6 s; PC on these
+# graphs asks 20-65 distinct questions); measured means replace them
+COST_S = {"design": 5, "tune": 90, "cal1000": 150, "cal2000": 700, "cal4000": 90, "cal16000": 300, "cal64000": 1000,
+          "time": 450, "pc-full": 600, "pc-ecit": 600}
 
 
 def design() -> dict:
