@@ -1,11 +1,17 @@
 """A CPU-only stand-in for a CUDA device, to catch device mixing without a GPU.
 
-Under ``torch._subclasses.fake_tensor.FakeTensorMode`` a CPU build of torch can hold tensors on ``cuda`` (shapes,
+Under ``torch._subclasses.fake_tensor.FakeTensorMode`` a CPU build of torch can hold tensors on ``cuda:0`` (shapes,
 dtypes and devices, no values) and raises ``FakeTensorDeviceMismatchError`` when one op mixes cuda and cpu tensors.
-``fake_cuda()`` adds what a whole training function needs to run through it: a read of a value (``.item()``,
-``float(t)``) returns a placeholder instead of failing, so control flow goes on with made-up numbers. What it does NOT
-catch: building modules with ``device="cuda"`` (use ``to_fake_cuda``), a CPU tensor indexed by a cuda index, and
-``.numpy()`` of a cuda tensor (a fake tensor has no data either way).
+``fake_cuda()`` adds what a whole training function needs to run through it on a CPU build:
+- a read of a value (``.item()``, ``float(t)``) returns a placeholder, so control flow goes on with made-up numbers;
+- indexing, index assignment and ``copy_`` of a cuda tensor (which a CPU build refuses before any dispatch) run on
+  a cpu twin; a cuda index into a cpu tensor raises, as on a GPU;
+- no autograd graph (recording one on a cuda tensor aborts a CPU build): ``backward`` is a no-op, so an optimiser step
+  changes nothing. The forward's devices are what is checked; the backward follows them.
+Not caught: ``.numpy()`` of a cuda tensor (a fake tensor has no data either way), device choices made by C++ code
+paths that never reach dispatch. Modules go to the fake device with ``to_fake_cuda`` (``.to("cuda")`` is refused).
+Freeing some fake tensors can crash the interpreter at exit: run checks in their own process
+(``tests/fake_cuda_checks.py``).
 """
 from __future__ import annotations
 
@@ -54,10 +60,9 @@ def _on_cpu(index):
 
 class _FakeCudaGuards(TorchFunctionMode):
     """What a CPU build refuses before any dispatch on a cuda tensor (it looks for a CUDA device guard): indexing,
-    index assignment, ``copy_`` and ``backward`` (a no-op here: no
-    gradient is made, so an optimiser step skips every parameter). They are checked here and computed on a cpu twin of the same shape and dtype
-    (no values exist anyway); the device rule they carry is enforced: a cuda index into a cpu tensor raises, as on a
-    real GPU. A view made by indexing is a copy here, which a device check does not notice."""
+    index assignment, ``copy_`` and ``backward``. Indexing runs on a cpu twin of the same shape and dtype (no values
+    exist anyway) and keeps the device rule (a cuda index into a cpu tensor raises); a view made by indexing is a
+    copy here, which a device check does not notice."""
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
