@@ -31,6 +31,11 @@ def test_pool_ecit_equals_the_pure_function_by_spec_and_by_publish(pool_factory)
     by_publish = ask(pool, [Question([0], [1], [2], 900, seed)], config, 200, per_request=3,
                      weights="ecit-test-data")[0]
     assert by_publish.pvalues == by_spec.pvalues  # other request sizes, same split and subset seeds
+    again_published = ask(pool, [Question([0], [1], [2], 900, seed)], config, 200, per_request=1,
+                          weights="ecit-test-data")[0]
+    assert again_published.pvalues == by_spec.pvalues
+    fetches = [w["weight_fetches"] for w in pool.stats()["workers"] if "weight_fetches" in w]
+    assert fetches and sum(fetches) <= len(fetches)  # the data went to each worker at most once
     again = ask(pool, [Question([0], [1], [2], 900, seed, SPEC)], config, 200, per_request=1)[0]
     assert again.pvalues == by_spec.pvalues
     full = ask(pool, [Question([0], [1], [2], 900, seed, SPEC, full=True)], config, 200)[0]
