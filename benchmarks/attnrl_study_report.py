@@ -80,8 +80,9 @@ def gate_lines(gate: dict | None) -> list[str]:
     lines = [f"**FCI gate** (`gate` unit, delta = {m['delta']}): the SFT model's responses to "
              f"{m['problems_per_difficulty']} problems per difficulty (kept, line count matching the program: "
              + ", ".join(f"{d} steps: {n}" for d, n in m["responses_kept"].items()) +
-             ") are branched at every computation step after the first, 4 continuations each; flip(k) = share of "
-             "continuations from step k whose reward differs from the original's. A step's measured influence on the "
+             f") are branched at every computation step after the first, {m.get('continuations', 4)} continuations "
+             "each; flip(k) = share of continuations from step k whose reward differs from the original's. A step's "
+             "measured influence on the "
              "answer is flip(k) - flip(k + 1), what resampling the step itself adds (the resampling importance of "
              "Thought Anchors). Per response, Spearman correlation of each ordering of the steps with that influence "
              "(responses with a constant influence left out; a constant ordering counts 0); mean [95 % t-interval] "

@@ -10,7 +10,7 @@ The plan, in run order (every unit <= 20 min of one core, measured costs in ``CO
 1. ``sft``: supervised pretraining of a small GPT on the cone task, resumable: weights, optimizer, schedule, step,
    curriculum level and RNG are checkpointed into ``artifacts/sft/checkpoint.pt`` before every call's 15-min deadline.
    Its end product ``artifacts/sft/model.pt`` is the study's start model (its sha256 is in every later record).
-2. ``gate``: the FCI diagnostic. The SFT model's sampled responses are branched at every step (4 continuations
+2. ``gate``: the FCI diagnostic. The SFT model's sampled responses are branched at every step (6 continuations
    each); flip(k) is the share of continuations from step k whose reward differs from the original's. A step's
    measured influence on the answer is flip(k) - flip(k + 1): what resampling the step itself adds to resampling
    what follows it (the resampling importance of "Thought Anchors", where AttnRL's delta comes from). flip(k) alone
@@ -58,7 +58,7 @@ EVAL_POINTS = 8  # evaluations after the start: every TOKENS / 8 tokens (three i
 EVAL = {"per_difficulty": 16, "longest_extra": 112, "samples": 2, "temperature": 1.0}
 
 GATE_PROBLEMS = 40  # per difficulty (responses whose line count differs from the program's are dropped)
-GATE_CONTINUATIONS = 4
+GATE_CONTINUATIONS = 6  # per step: flips in sixths; the marginal influence is a difference of two
 GATE_DELTAS = (1, 2, 4)
 
 MAIN_METHODS = ("attnrl", "grpo", "entropy_tree", "attn_tree", "earliest_tree", "random_tree")
@@ -75,10 +75,11 @@ TUNING_SEEDS = (100,)
 # 60k-token runs from a half-trained SFT checkpoint and scaled to TOKENS: GRPO 18 s train + 9 s for 6 evaluations
 # per 60k tokens; the tree methods ~1.5x GRPO's train CPU per generated token (30k-token runs: 19-26 s with 4
 # evaluations). The SFT stage: 99 CPU-s for its first 1,170 steps (difficulty cap 2 -> 5); later steps are longer.
-# The gate: ~1.5 CPU-s per kept response (a half-trained model kept 2 of 120), ~120 expected.
-COST_S = {"sft": 900.0, "gate": 200.0, "grpo": 100.0, "tree": 150.0}
+# The gate: ~1.5 CPU-s per kept response with 4 continuations per step (a half-trained model kept 2 of 120); 6
+# continuations and ~120 kept responses expected.
+COST_S = {"sft": 900.0, "gate": 300.0, "grpo": 100.0, "tree": 150.0}
 
-# The budget (issue: the whole study within ~3 core-hours): 1 SFT stage (~0.25 h) + 1 gate (~0.05 h)
+# The budget (issue: the whole study within ~3 core-hours): 1 SFT stage (~0.25 h) + 1 gate (~0.08 h)
 # + 9 methods x 2 lrs x 1 tuning seed = 18 tuning units + 6 methods x 5 seeds + 3 x 2 seeds = 36 reported units,
 # 54 RL units x ~140 s (~2.1 h) = ~2.4 core-hours. Cut to fit: one tuning seed, a 2-point lr grid, the oracle and the
 # two AttnRL ablations on 2 seeds (as the issue allows); not cut: ~200k tokens per run.
@@ -242,7 +243,8 @@ def run_gate(ctx: UnitContext) -> dict:
     t0 = time.perf_counter()
     per_difficulty = ctx.size("gate_problems", GATE_PROBLEMS)
     problems = task.evaluation_problems(per_difficulty, seed=777)
-    records = branch_every_step(sft, task, problems, ctx.size("gate_continuations", GATE_CONTINUATIONS),
+    continuations = ctx.size("gate_continuations", GATE_CONTINUATIONS)
+    records = branch_every_step(sft, task, problems, continuations,
                                 deltas=GATE_DELTAS, zero_first_step=rl.zero_first_step,
                                 generator=torch.Generator().manual_seed(0))
     branch_s = time.perf_counter() - t0
@@ -258,6 +260,7 @@ def run_gate(ctx: UnitContext) -> dict:
     return {"metrics": {"fci_beats_both": decision["fci_beats_both"], "beats_earliest": decision["beats_earliest"],
                         "beats_random": decision["beats_random"], "enough_responses": decision["enough_responses"],
                         "delta": rl.delta, "problems_per_difficulty": per_difficulty, "responses_kept": kept,
+                        "continuations": continuations,
                         "branch_s": branch_s},
             "influence": "marginal", "decision": decision, "suffix_flip": suffix, "other_deltas": other_deltas,
             "summary": summary,
