@@ -6,6 +6,8 @@ same seed gives the same p-value, whichever process computes which subset.
 """
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 
 from algos.ecit.base import as_columns, base_pvalue, check_base
@@ -13,12 +15,18 @@ from algos.ecit.combine import COMBINERS, combine as combine_pvalues
 from algos.ecit.partition import partition
 
 
+_GLOBAL_RNG = threading.Lock()  # numpy's global generator is one per process: threads must not interleave seeds
+
+
 def subset_pvalue(x: np.ndarray, y: np.ndarray, z: np.ndarray | None, rows: np.ndarray, base: str,
                   seed: int, options: dict | None = None) -> float:
     """The base test on one subset; ``seed`` seeds numpy's global generator, which causal-learn draws from (KCI
-    with approx=False or median widths), so a rerun of the subset gives the same p-value."""
-    np.random.seed(seed % 2**32)
-    return base_pvalue(x[rows], y[rows], None if z is None else z[rows], base, options)
+    with approx=False or median widths), so a rerun of the subset gives the same p-value, also when other threads
+    of the process test at the same time (a pool worker with several slots)."""
+    xs, ys, zs = x[rows], y[rows], None if z is None else z[rows]
+    with _GLOBAL_RNG:
+        np.random.seed(seed % 2**32)
+        return base_pvalue(xs, ys, zs, base, options)
 
 
 def subset_seeds(rng: np.random.Generator, k: int) -> np.ndarray:

@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from algos.ecit import BASES, base_pvalue, partition, subset_pvalue, subset_seeds
+from algos.ecit import BASES, partition, subset_pvalue, subset_seeds
 
 
 class SubsetTestSampler:
@@ -72,8 +72,8 @@ class SubsetTestSampler:
         pvalues, cpu = [], []
         if request.get("full"):
             start = time.thread_time()
-            np.random.seed(int(request.get("split_seed", 0)) % 2**32)
-            pvalues.append(base_pvalue(x, y, z, self.base, self.options))
+            pvalues.append(subset_pvalue(x, y, z, np.arange(len(data)), self.base,
+                                         int(request.get("split_seed", 0)), self.options))
             cpu.append(time.thread_time() - start)
         else:
             parts, seeds = self._parts(len(data), int(request["split_seed"]), int(request["subset_size"]))
