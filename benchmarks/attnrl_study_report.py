@@ -115,10 +115,15 @@ def gate_lines(gate: dict | None) -> list[str]:
                       "needs):", "", "| rule | in cone | flip rate | mixed groups |", "|---|---|---|---|"]
         for name, v in rules.items():
             lines.append(f"| {name} | {v['in_cone']:.2f} | {v['flip']:.3f} | {v['mixed']:.3f} |")
+    o = dec["overall"]
+    how = "; ".join(f"FCI - {k}: {_signed(o[f'fci_minus_{k}'])}, " + (
+        "worse" if o[f"fci_minus_{k}"][2] < 0 else "ahead" if o[f"fci_minus_{k}"][1] > 0 else "not separable at this "
+        "precision") for k in ("earliest", "random"))
     verdict = ("**FCI beats both** (both paired intervals above 0): the RL units run." if m["fci_beats_both"] else
-               f"**FCI does not beat both** (beats earliest: {m['beats_earliest']}, beats random: "
-               f"{m['beats_random']}): on this task attention leaves the mechanism no room, so the RL units refuse "
-               "to run; the task has to change before RL seeds are spent (no AttnRL claim is read from this study).")
+               f"**FCI does not beat both** ({how}): the gate reads this as a task that leaves the mechanism no "
+               "room, so the RL units refuse to run and the task has to change before RL seeds are spent (no AttnRL "
+               "claim is read from this study). Where an interval spans 0, the measurement could not separate the "
+               "orderings: \"no room\" then means \"no room this measurement can see\", not a shown absence.")
     if not m.get("enough_responses", True):
         verdict += " Caution: some difficulty has fewer than 24 usable responses."
     return lines + ["", verdict]

@@ -57,7 +57,7 @@ EVAL_POINTS = 8  # evaluations after the start: every TOKENS / 8 tokens (three i
 # greedy on 16 problems per difficulty + 112 more of the longest; the primary metric samples the 128 longest twice
 EVAL = {"per_difficulty": 16, "longest_extra": 112, "samples": 2, "temperature": 1.0}
 
-GATE_PROBLEMS = 40  # per difficulty (responses whose line count differs from the program's are dropped)
+GATE_PROBLEMS = 64  # per difficulty (responses whose line count differs from the program's are dropped)
 GATE_CONTINUATIONS = 6  # per step: flips in sixths; the marginal influence is a difference of two
 GATE_DELTAS = (1, 2, 4)
 
@@ -76,12 +76,12 @@ TUNING_SEEDS = (100,)
 # per 60k tokens; the tree methods ~1.5x GRPO's train CPU per generated token (30k-token runs: 19-26 s with 4
 # evaluations). The SFT stage: 99 CPU-s for its first 1,170 steps (difficulty cap 2 -> 5); later steps are longer.
 # The gate: ~1.5 CPU-s per kept response with 4 continuations per step (a half-trained model kept 2 of 120); 6
-# continuations and ~120 kept responses expected.
-COST_S = {"sft": 900.0, "gate": 300.0, "grpo": 100.0, "tree": 150.0}
+# continuations and up to 192 kept responses here.
+COST_S = {"sft": 900.0, "gate": 450.0, "grpo": 100.0, "tree": 150.0}
 
-# The budget (issue: the whole study within ~3 core-hours): 1 SFT stage (~0.25 h) + 1 gate (~0.08 h)
+# The budget (issue: the whole study within ~3 core-hours): 1 SFT stage (~0.25 h) + 1 gate (~0.12 h)
 # + 9 methods x 2 lrs x 1 tuning seed = 18 tuning units + 6 methods x 5 seeds + 3 x 2 seeds = 36 reported units,
-# 54 RL units x ~140 s (~2.1 h) = ~2.4 core-hours. Cut to fit: one tuning seed, a 2-point lr grid, the oracle and the
+# 54 RL units x ~140 s (~2.1 h) = ~2.5 core-hours. Cut to fit: one tuning seed, a 2-point lr grid, the oracle and the
 # two AttnRL ablations on 2 seeds (as the issue allows); not cut: ~200k tokens per run.
 
 
