@@ -1,4 +1,11 @@
-"""Test fixtures: one real embedded Ray cluster per test session (2 CPUs, like CI), pools with unique names.
+"""Test fixtures and the helpers tests share: one real embedded Ray cluster per test session (2 CPUs, like CI), pools
+with unique names, `ray start` nodes, and the `slow` marker.
+
+Tiers: CI (.ci/run) runs everything. `pytest -m "not slow"` is the fast tier for iteration: every test that needs a
+Ray cluster (any of CLUSTER_FIXTURES, directly or through another fixture) is marked `cluster` and `slow` here, tests
+that train a model first (TRAINING_FIXTURES) `slow`, and learning tests carry `@pytest.mark.slow` in their files.
+Tests that start their own `ray start` nodes are also marked `nodes`: CI runs the tests on the session cluster
+(`cluster and not nodes`) and all others (`not cluster or nodes`) in two pytest processes side by side.
 
 Token auth is switched off consistently here (every client in this process and its children agrees); the job
 submission test starts its own head with token auth on and checks that a client without the token is refused.
@@ -6,18 +13,24 @@ submission test starts its own head with token auth on and checks that a client 
 from __future__ import annotations
 
 import os
+import shutil
 import sys
+import tempfile
 import uuid
 from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ["RAY_AUTH_MODE"] = "disabled"
 os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
 os.environ.setdefault("MPLBACKEND", "Agg")
+# Pretrained tiny models (the AttnRL SFT model) are cached here between runs: git-ignored, so a CI that keeps
+# `.cache/` of its checkout skips the SFT training; a fresh clone trains it once per session.
+os.environ.setdefault("ORRERY_CACHE_DIR", str(ROOT / ".cache" / "orrery"))
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
@@ -27,6 +40,24 @@ try:
 except ImportError:  # pragma: no cover
     pass
 
+# A test that uses one of these starts or needs a Ray cluster: it is `cluster` and `slow` (not in the fast tier).
+CLUSTER_FIXTURES = frozenset({"ray_cluster", "pool_factory", "pool_name", "local_nodes"})
+# A test that uses one of these trains a model first (unless cached): `slow`.
+TRAINING_FIXTURES = frozenset({"sft_policy"})
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        fixtures = set(getattr(item, "fixturenames", ()))
+        if CLUSTER_FIXTURES & fixtures:
+            item.add_marker(pytest.mark.cluster)
+        if "local_nodes" in fixtures:
+            item.add_marker(pytest.mark.nodes)
+        if (CLUSTER_FIXTURES | TRAINING_FIXTURES) & fixtures:
+            item.add_marker(pytest.mark.slow)
+
+
+# -- the embedded cluster ------------------------------------------------------------------------------------------
 
 @pytest.fixture(scope="session")
 def ray_cluster(tmp_path_factory):
@@ -47,6 +78,24 @@ def ray_cluster(tmp_path_factory):
     ray.shutdown()
 
 
+def shutdown_pool(name: str) -> None:
+    """Shut the named pool down if it exists (it may never have been created, or already be gone)."""
+    from cluster.pool import SharedPool
+    try:
+        SharedPool.attach({"name": name}, create=False).shutdown()
+    except ValueError:
+        pass
+
+
+@pytest.fixture
+def pool_name(ray_cluster):
+    """A unique pool name for a run the test starts (in-process or as a driver on the session cluster); the pool is
+    shut down after the test."""
+    name = f"test-pool-{uuid.uuid4().hex[:6]}"
+    yield name
+    shutdown_pool(name)
+
+
 @pytest.fixture
 def pool_factory(ray_cluster):
     """Make pools with unique names; all are shut down after the test."""
@@ -65,3 +114,57 @@ def pool_factory(ray_cluster):
             pool.shutdown()
         except Exception:  # noqa: BLE001 - best effort cleanup
             pass
+
+
+# -- `ray start` nodes ---------------------------------------------------------------------------------------------
+
+class LocalNodes:
+    """Starts `ray start` nodes (cluster.deploy.local.LocalNode), each in its own short temp dir; the fixture stops
+    them all, workers first."""
+
+    def __init__(self, temp: Path) -> None:
+        self.temp, self.nodes = temp, []
+
+    def head(self, **kwargs):
+        from cluster.deploy.local import LocalNode
+        return self._add(LocalNode.head(self.temp / f"n{len(self.nodes)}", **kwargs))
+
+    def worker(self, head, **kwargs):
+        from cluster.deploy.local import LocalNode
+        return self._add(LocalNode.worker(head, self.temp / f"n{len(self.nodes)}", **kwargs))
+
+    def _add(self, node):
+        self.nodes.append(node)
+        return node
+
+    def stop_all(self) -> None:
+        for node in reversed(self.nodes):
+            node.stop()
+
+
+@pytest.fixture(scope="module")
+def local_nodes():
+    """`ray start` nodes for this module's tests (a module-scoped fixture of the module can build one cluster that
+    all its tests share); all are stopped when the module ends."""
+    temp = Path(tempfile.mkdtemp(prefix="orr-", dir="/tmp"))  # short: Ray's socket paths must fit 107 bytes
+    nodes = LocalNodes(temp)
+    try:
+        yield nodes
+    finally:
+        nodes.stop_all()
+        shutil.rmtree(temp, ignore_errors=True)
+
+
+# -- pretrained models ---------------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def sft_policy():
+    """The default (laptop-scale) AttnRL task, tiny GPT and SFT run: (policy, task, info). Trained once and kept in
+    ORRERY_CACHE_DIR (algos.attnrl.sft.default_cache_dir), so later modules and runs load it."""
+    from algos.attnrl.gpt import GPTConfig
+    from algos.attnrl.sft import SFTConfig, default_cache_dir, pretrained_policy
+    from envs.reasoning.task import ReasoningTask
+    task = ReasoningTask()
+    policy, info = pretrained_policy(task, GPTConfig(vocab_size=task.tokenizer.vocab_size), SFTConfig(),
+                                     cache_dir=default_cache_dir())
+    return policy, task, info

@@ -11,7 +11,6 @@ import signal
 import subprocess
 import sys
 import time
-import uuid
 from pathlib import Path
 
 import pandas as pd
@@ -29,15 +28,9 @@ from cluster.store import ParquetStore
 from envs.reasoning.task import ReasoningTask
 from experiments.attnrl.sampler import LMSampler
 from experiments.attnrl.weights import gpt_weights
+from tests.helpers import InProcessPool, write_tiny_qwen2
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def _shutdown_pool(name: str) -> None:
-    try:
-        SharedPool.attach({"name": name}, create=False).shutdown()
-    except ValueError:
-        pass
 
 
 def _items(task, policy, problems, prefix=()):
@@ -63,7 +56,8 @@ def test_lm_sampler_matches_local_generation_and_scores_rewards():
     assert out["num_samples"] == 4 and out["weights_version"] == 3
     assert out["generated_tokens"] == sum(r.num_generated for r in local)
     for r, ref, p in zip(out["rollouts"], local, problems):
-        assert r.generated_ids == ref.generated_ids and r.step_scores == pytest.approx(ref.step_scores)
+        # the same tokens; FCI to float rounding, which differs between the two paths on some CPUs (8e-6 on AVX512)
+        assert r.generated_ids == ref.generated_ids and r.step_scores == pytest.approx(ref.step_scores, rel=1e-4)
         assert r.meta["reward"] == task.reward(p, task.tokenizer.decode(r.response_ids), r.finished)
     for v in policy.model.parameters():
         v.data.zero_()
@@ -152,39 +146,36 @@ def _registered_update(run: Path) -> int:
 
 
 @pytest.mark.slow
-def test_attnrl_on_two_learner_ranks_killed_and_resumed_ends_as_uninterrupted(tmp_path, ray_cluster):
+def test_attnrl_on_two_learner_ranks_killed_and_resumed_ends_as_uninterrupted(tmp_path, pool_name):
     """The learner on 2 Ray Train workers (DDP): both ranks keep identical parameters. The same run with its driver
     SIGKILLed after its checkpoint of update 2 and resumed (resume=true) replays up to that checkpoint and ends
     exactly as the uninterrupted run: the same metric rows, once each, the same calls, the same final weights."""
     from experiments.run import main
-    pool = f"attnrl-{uuid.uuid4().hex[:6]}"
+    pool = pool_name
     gcs = ray.get_runtime_context().gcs_address
-    try:
-        summary = main(_args(tmp_path, pool, "ref"))
-        ref_updates, ref_calls, ref_digest = _check_run(tmp_path / "attnrl" / "ref", summary,
-                                                        SharedPool.attach({"name": pool}, create=False).stats())
+    summary = main(_args(tmp_path, pool, "ref"))
+    ref_updates, ref_calls, ref_digest = _check_run(tmp_path / "attnrl" / "ref", summary,
+                                                    SharedPool.attach({"name": pool}, create=False).stats())
 
-        run = tmp_path / "attnrl" / "killed"
-        args = _args(tmp_path, pool, "killed", f"experiment.sft_model={tmp_path / 'attnrl' / 'ref' / 'sft_model.pt'}")
-        proc = subprocess.Popen([sys.executable, "-m", "experiments.run", *args, f"cluster.address={gcs}"],
-                                cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        try:
-            deadline = time.monotonic() + 300
-            while _registered_update(run) < 2:
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    raise AssertionError(f"no checkpoint of update 2:\n{proc.stdout.read()[-3000:]}")
-                time.sleep(0.05)
-            proc.send_signal(signal.SIGKILL)
-            kill_time = time.time()
-        finally:
-            proc.kill()
-            proc.wait()
-        killed_at = _registered_update(run)
-        assert killed_at < summary["methods"]["attnrl"]["steps"], "the run finished before it could be killed"
-        resumed = main(args + ["resume=true"])
-        updates, calls, digest = _check_run(run, resumed, SharedPool.attach({"name": pool}, create=False).stats())
+    run = tmp_path / "attnrl" / "killed"
+    args = _args(tmp_path, pool, "killed", f"experiment.sft_model={tmp_path / 'attnrl' / 'ref' / 'sft_model.pt'}")
+    proc = subprocess.Popen([sys.executable, "-m", "experiments.run", *args, f"cluster.address={gcs}"],
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 300
+        while _registered_update(run) < 2:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise AssertionError(f"no checkpoint of update 2:\n{proc.stdout.read()[-3000:]}")
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGKILL)
+        kill_time = time.time()
     finally:
-        _shutdown_pool(pool)
+        proc.kill()
+        proc.wait()
+    killed_at = _registered_update(run)
+    assert killed_at < summary["methods"]["attnrl"]["steps"], "the run finished before it could be killed"
+    resumed = main(args + ["resume=true"])
+    updates, calls, digest = _check_run(run, resumed, SharedPool.attach({"name": pool}, create=False).stats())
     # resumed, not restarted: the calls up to the checkpoint (at least one per update) were sampled before the kill
     parts = ParquetStore(run / "data" / "rollouts-attnrl").parts()
     assert sum(p.stat().st_mtime < kill_time for p in parts) > killed_at
@@ -196,24 +187,20 @@ def test_attnrl_on_two_learner_ranks_killed_and_resumed_ends_as_uninterrupted(tm
 
 
 @pytest.mark.slow
-def test_tiny_hf_model_through_sft_and_an_rl_update_on_the_pool(tmp_path, ray_cluster):
+def test_tiny_hf_model_through_sft_and_an_rl_update_on_the_pool(tmp_path, pool_name):
     """A 2-layer Qwen2 with a character tokenizer, built here: SFT, one AttnRL update (the learner's passes in
     chunks of 64 tokens) with rollouts (and FCI) from the pool's samplers loading the same local model, evaluation."""
     from experiments.run import main
-    from tests.test_attnrl_scale import write_tiny_qwen2
     model_dir = write_tiny_qwen2(tmp_path / "qwen2")
-    pool = f"attnrl-hf-{uuid.uuid4().hex[:6]}"
-    try:
-        summary = main(["experiment=attnrl", f"output_dir={tmp_path}", "run_name=hf", f"pool.name={pool}",
-                        f"experiment.hf_model={model_dir}", "experiment.methods=[]", "experiment.method=attnrl",
-                        "experiment.task.max_steps=2", "experiment.sft.max_steps=3", "experiment.sft.eval_every=3",
-                        "experiment.sft.eval_problems_per_difficulty=2", "experiment.eval_problems_per_difficulty=2",
-                        "experiment.rl.prompts_per_batch=2", "experiment.rl.max_updates=1",
-                        "experiment.rl.max_response_tokens=24", "experiment.max_tokens_per_forward=64",
-                        # an untrained model solves nothing: keep its zero-advantage paths, so the update trains
-                        "experiment.rl.ads.zero_advantage_filter=false", "experiment.autocast_bf16=auto"])
-    finally:
-        _shutdown_pool(pool)
+    pool = pool_name
+    summary = main(["experiment=attnrl", f"output_dir={tmp_path}", "run_name=hf", f"pool.name={pool}",
+                    f"experiment.hf_model={model_dir}", "experiment.methods=[]", "experiment.method=attnrl",
+                    "experiment.task.max_steps=2", "experiment.sft.max_steps=3", "experiment.sft.eval_every=3",
+                    "experiment.sft.eval_problems_per_difficulty=2", "experiment.eval_problems_per_difficulty=2",
+                    "experiment.rl.prompts_per_batch=2", "experiment.rl.max_updates=1",
+                    "experiment.rl.max_response_tokens=24", "experiment.max_tokens_per_forward=64",
+                    # an untrained model solves nothing: keep its zero-advantage paths, so the update trains
+                    "experiment.rl.ads.zero_advantage_filter=false", "experiment.autocast_bf16=auto"])
     run = tmp_path / "attnrl" / "hf"
     m = summary["methods"]["attnrl"]
     assert m["steps"] == 1 and m["generated_tokens"] > 0 and 0.0 <= m["accuracy"] <= 1.0
@@ -225,29 +212,6 @@ def test_tiny_hf_model_through_sft_and_an_rl_update_on_the_pool(tmp_path, ray_cl
     assert update["train_sequences"] > 0 and update["optimizer_steps"] >= 1, "PPO ran on the HF model"
     calls = ParquetStore(run / "data" / "generation-attnrl").read().to_pandas()
     assert list(calls["cont_batch"]) == [-1, 0] and int(calls["generated_tokens"].sum()) == m["generated_tokens"]
-
-
-class _InProcessPool:
-    """The pool's interface (publish by version, map over "lm" requests) with the real LMSampler, no Ray."""
-
-    def __init__(self) -> None:
-        self.published: dict[str, tuple[int, dict]] = {}
-        self.sampler: LMSampler | None = None
-        self.requests = 0
-
-    def publish(self, key: str, weights: dict) -> int:
-        version = self.published.get(key, (0, None))[0] + 1
-        self.published[key] = (version, weights)
-        return version
-
-    def map(self, name: str, requests: list, config: dict, weights: str) -> list:
-        assert name == "lm"
-        self.sampler = self.sampler or LMSampler(config)
-        version, w = self.published[weights]
-        if self.sampler.version != version:
-            self.sampler.load_weights(w, version)
-        self.requests += len(requests)
-        return [self.sampler.sample(r) for r in requests]
 
 
 def test_pool_generator_keeps_the_off_policy_order_without_ray():
@@ -263,7 +227,7 @@ def test_pool_generator_keeps_the_off_policy_order_without_ray():
     policy = Policy(GPT(gpt_cfg), task.tokenizer)
     ref = Policy(GPT(gpt_cfg), task.tokenizer)
     ref.model.load_state_dict(policy.model.state_dict())
-    pool = _InProcessPool()
+    pool = InProcessPool()
     recording = RecordingTask(task, task.tokenizer.encode)
     gen = PoolGenerator(pool, "run/policy", policy, lambda p: gpt_weights(p, gpt_cfg), recording, num_chunks=2,
                         sampler_config={"task": {"max_steps": 2}})

@@ -26,9 +26,7 @@ import pytest
 import torch
 
 from algos.attnrl.config import RLConfig
-from algos.attnrl.gpt import GPTConfig
 from algos.attnrl.lm import forward_scores
-from algos.attnrl.sft import SFTConfig, default_cache_dir, pretrained_policy
 from algos.attnrl.train import train
 from envs.reasoning.task import ReasoningTask, ReasoningTaskConfig
 
@@ -36,16 +34,6 @@ TOKEN_BUDGET = 60_000
 SHORT = ReasoningTaskConfig(max_steps=2)  # RL and evaluation on the 1-2 step problems
 EVAL_PER_DIFFICULTY = 200
 MIN_GAIN = 0.02
-
-
-@pytest.fixture(scope="module")
-def sft_policy():
-    """The default (laptop-scale) task, model and SFT run; cached on disk (algos.attnrl.sft.default_cache_dir) and
-    shared with test_gpt_lm."""
-    task = ReasoningTask()
-    policy, _ = pretrained_policy(task, GPTConfig(vocab_size=task.tokenizer.vocab_size), SFTConfig(),
-                                  cache_dir=default_cache_dir())
-    return policy
 
 
 def reference_probability(policy, problems, temperature: float = 1.0) -> float:
@@ -67,8 +55,9 @@ def rl_gain(sft, seed: int = 0, **rl) -> tuple[float, float, dict]:
     return reference_probability(sft, problems), reference_probability(policy, problems), out
 
 
+@pytest.mark.slow
 def test_attnrl_raises_the_probability_of_correct_solutions(sft_policy):
-    before, after, out = rl_gain(sft_policy)
+    before, after, out = rl_gain(sft_policy[0])
     assert abs(out["generated_tokens"] - TOKEN_BUDGET) < 0.25 * TOKEN_BUDGET and out["updates"] >= 3
     assert all(0.0 < h["valid_prompt_ratio"] <= 1.0 for h in out["history"])
     assert after >= before + MIN_GAIN, (before, after, out["history"][-1])

@@ -18,6 +18,7 @@ from envs.reasoning.task import CharTokenizer, ReasoningTask, ReasoningTaskConfi
 from experiments.attnrl.pool_generation import PoolGenerator, RecordingTask
 from experiments.attnrl.rollout_log import RolloutLog
 from experiments.attnrl.weights import gpt_weights
+from tests.helpers import InProcessPool, write_tiny_qwen2
 
 TOK = CharTokenizer()
 
@@ -156,7 +157,6 @@ def _pool_run(method: str, log_dir: Path, stop_at: int | None = None, resume: di
     ``stop_at`` the state at that update is kept (as a checkpoint would); with ``resume`` the run replays that
     checkpoint's rollouts and updates, then continues live."""
     from algos.attnrl.train import train
-    from tests.test_attnrl_cluster import _InProcessPool  # imports Ray: not at the top (spawned ranks import this)
     task = ReasoningTask(ReasoningTaskConfig(max_steps=3))
     gpt_cfg = GPTConfig(vocab_size=TOK.vocab_size, n_layer=2, n_head=2, n_embd=32, block_size=256)
     torch.manual_seed(0)
@@ -167,7 +167,7 @@ def _pool_run(method: str, log_dir: Path, stop_at: int | None = None, resume: di
         context.replay_updates, context.optimizer_state = resume["updates"], resume["optimizer"]
     policy.update_context = context
     log = RolloutLog(log_dir)
-    gen = PoolGenerator(_InProcessPool(), "run/policy", policy, lambda p: gpt_weights(p, gpt_cfg),
+    gen = PoolGenerator(InProcessPool(), "run/policy", policy, lambda p: gpt_weights(p, gpt_cfg),
                         RecordingTask(task, TOK.encode), 2, sampler_config={"task": {"max_steps": 3}}, log=log,
                         replay=resume["log"] if resume is not None else ())
     rows: list[dict] = []
@@ -215,12 +215,11 @@ def test_replaying_the_rollout_log_resumes_exactly(tmp_path, monkeypatch, method
 # -- the pool path's bookkeeping (issue 17) --------------------------------------------------------------------------
 
 def _generator():
-    from tests.test_attnrl_cluster import _InProcessPool
     task = ReasoningTask(ReasoningTaskConfig(max_steps=2))
     gpt_cfg = GPTConfig(vocab_size=TOK.vocab_size, n_layer=1, n_head=2, n_embd=16, block_size=256)
     torch.manual_seed(0)
     policy = Policy(GPT(gpt_cfg), TOK)
-    pool = _InProcessPool()
+    pool = InProcessPool()
     recording = RecordingTask(task, TOK.encode)
     return PoolGenerator(pool, "run/policy", policy, lambda p: gpt_weights(p, gpt_cfg), recording, 2,
                          sampler_config={"task": {"max_steps": 2}}), pool, recording
@@ -291,22 +290,6 @@ def test_lm_requests_are_split_over_the_group_the_sampler_runs_in():
     from experiments.attnrl.learner import lm_workers
     assert lm_workers({"num_workers": 3}) == 3
     assert lm_workers({"num_workers": 3, "groups": {"gpu": {"num_workers": 5, "num_gpus": 0.25}}}) == 5
-
-
-def write_tiny_qwen2(path: Path) -> Path:
-    """A randomly initialised 2-layer Qwen2 (the paper's architecture) with a character tokenizer, built locally."""
-    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
-    backend = Tokenizer(models.WordLevel(vocab={s: i for i, s in enumerate(TOK.itos)}, unk_token=TOK.PAD))
-    backend.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
-    backend.decoder = decoders.Fuse()
-    PreTrainedTokenizerFast(tokenizer_object=backend, eos_token=TOK.EOS, pad_token=TOK.PAD).save_pretrained(path)
-    torch.manual_seed(0)
-    Qwen2ForCausalLM(Qwen2Config(vocab_size=TOK.vocab_size, hidden_size=32, intermediate_size=64,
-                                 num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                                 max_position_embeddings=256, bos_token_id=TOK.eos_id, eos_token_id=TOK.eos_id,
-                                 pad_token_id=TOK.pad_id, tie_word_embeddings=True)).save_pretrained(path)
-    return path
 
 
 def test_paper_scale_needs_an_explicit_local_model(tmp_path, capsys):

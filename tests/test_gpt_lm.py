@@ -11,18 +11,7 @@ from algos.attnrl.diagnostics import fci_influence_correlation
 from algos.attnrl.fci import fci_scores
 from algos.attnrl.gpt import GPT, GPTConfig
 from algos.attnrl.lm import GenerationRequest, Policy, forward_scores, generate, load_hf_policy
-from algos.attnrl.sft import SFTConfig, default_cache_dir, pretrained_policy
 from envs.reasoning.task import CharTokenizer, ReasoningTask, step_influence
-
-
-@pytest.fixture(scope="module")
-def sft_policy():
-    """The default (laptop-scale) task, model and SFT run; cached on disk (algos.attnrl.sft.default_cache_dir) and
-    shared with test_attnrl_learning."""
-    task = ReasoningTask()
-    policy, info = pretrained_policy(task, GPTConfig(vocab_size=task.tokenizer.vocab_size), SFTConfig(),
-                                     cache_dir=default_cache_dir())
-    return policy, task, info
 
 
 class _DigitStepsCodec(CharTokenizer):

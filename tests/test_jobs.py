@@ -9,36 +9,27 @@ from __future__ import annotations
 
 import json
 import secrets
-import shutil
 import subprocess
 import sys
-import tempfile
 import uuid
 from pathlib import Path
 
 import pytest
 
-from cluster.deploy.local import LocalNode, node_env, ray_executable
+from cluster.deploy.local import node_env, ray_executable
 from cluster.store import ParquetStore
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture
-def token_head():
+def token_head(local_nodes):
     home_token = Path.home() / ".ray" / "auth_token"
     existed = home_token.exists()
-    token = secrets.token_hex(32)
-    temp = Path(tempfile.mkdtemp(prefix="orr-job-", dir="/tmp"))  # short: Ray's socket paths must fit 107 bytes
-    head = None
-    try:
-        # The venv is deliberately NOT on the head's PATH: a bare `python` entrypoint would not find ray there (P2).
-        head = LocalNode.head(temp, num_cpus=2, token=token, env={"PATH": "/usr/bin:/bin"})
-        yield head
-    finally:
-        if head is not None:
-            head.stop()
-        shutil.rmtree(temp, ignore_errors=True)
+    # The venv is deliberately NOT on the head's PATH: a bare `python` entrypoint would not find ray there (P2).
+    head = local_nodes.head(num_cpus=2, token=secrets.token_hex(32), env={"PATH": "/usr/bin:/bin"})
+    yield head
+    head.stop()
     assert existed or not home_token.exists(), "the test must not leave ~/.ray/auth_token behind"
 
 

@@ -3,10 +3,8 @@ discovery file, Prometheus text from each node's metrics export endpoint. Nothin
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import sys
-import tempfile
 import time
 import urllib.request
 import uuid
@@ -35,17 +33,9 @@ sys.stdin.readline()   # keep the gauges' process alive until the test has scrap
 
 
 @pytest.fixture
-def metrics_head():
-    temp = Path(tempfile.mkdtemp(prefix="orr-met-", dir="/tmp"))
-    head = None
-    try:
-        # Export every second (Ray's default is every 10 s).
-        head = LocalNode.head(temp, num_cpus=2, env={"RAY_metrics_report_interval_ms": "1000"})
-        yield head
-    finally:
-        if head is not None:
-            head.stop()
-        shutil.rmtree(temp, ignore_errors=True)
+def metrics_head(local_nodes):
+    # Export every second (Ray's default is every 10 s).
+    return local_nodes.head(num_cpus=2, env={"RAY_metrics_report_interval_ms": "1000"})
 
 
 def _targets(head: LocalNode) -> list[str]:

@@ -329,8 +329,12 @@ def train_pendulum(cfg: SACConfig, seed: int, max_env_steps: int, threshold: flo
     return returns
 
 
+@pytest.mark.slow
 def test_sac_learns_pendulum_with_vectorised_high_utd():
-    """Pendulum-v1, 8 SAME_STEP envs, batch 1024, G = 4: deterministic eval >= -400 within 16k env steps."""
+    """Pendulum-v1, 8 SAME_STEP envs, batch 1024, G = 4: deterministic eval >= -400 within 16k env steps.
+
+    Calibrated over seeds 0-4 (AVX512 EPYC): -400 reached at 7000, 6504, 8504, 6000 and 6504 env steps (the first
+    evaluations, at 5000 steps, scored -960 to -1160), so 16k steps leave about twice the slowest seed's need."""
     start = time.perf_counter()
     # lr 1e-3 instead of the preset's 3e-4: >= -400 after ~7k instead of 8-10k env steps, i.e. fewer updates.
     cfg = SACConfig.preset("pendulum", actor_lr=1e-3, critic_lr=1e-3, alpha_lr=1e-3)

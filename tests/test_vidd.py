@@ -9,12 +9,10 @@ import math
 import numpy as np
 import pytest
 import torch
-from torch import nn
 
 from algos.vidd import ddpo
 from algos.vidd.config import VIDDConfig
 from algos.vidd.finetune import finetune
-from algos.vidd.mdlm import DenoiserConfig, MaskedDenoiser
 from algos.vidd.oracle import RewardCounter
 from algos.vidd.sampling import denoise_one_step, exact_sample_distribution, sample
 from algos.vidd.vidd import (
@@ -29,38 +27,9 @@ from algos.vidd.vidd import (
     vidd_loss,
 )
 
+from tests.helpers import L, T, V, TableDenoiser, count_of_twos, tiny_pretrained
+
 torch.set_num_threads(1)
-
-L, V, T = 4, 3, 4  # the tiny space: 3**4 = 81 sequences
-
-
-class TableDenoiser(nn.Module):
-    """Input-independent logits, so the one-step prediction x0hat is known by hand."""
-
-    def __init__(self, logits: torch.Tensor) -> None:
-        super().__init__()
-        self.seq_len, self.vocab_size = logits.shape
-        self.mask_id = self.vocab_size
-        self.logits = nn.Parameter(logits.clone())
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.logits.expand(x.shape[0], -1, -1)
-
-
-def count_of_twos(tokens) -> tuple[np.ndarray, dict]:
-    """Reward: fraction of positions holding token 2 (accepts a [B, L] tensor)."""
-    tokens = torch.as_tensor(tokens)
-    return (tokens == 2).float().mean(-1).double().numpy(), {"n_queries": len(tokens)}
-
-
-def tiny_pretrained(seed: int = 0) -> MaskedDenoiser:
-    torch.manual_seed(seed)
-    model = MaskedDenoiser(DenoiserConfig(vocab_size=V, seq_len=L, d_model=32, n_layers=1, n_heads=2,
-                                          bf16=False))  # exact tiny-space checks: fp32 on every CPU
-    with torch.no_grad():
-        model.head.weight.mul_(3.0)  # a context-dependent, non-uniform "pretrained" law
-    return model.eval()
-
 
 def kl(p: torch.Tensor, q: torch.Tensor) -> float:
     return float((p * (p.clamp_min(1e-12).log() - q.clamp_min(1e-12).log())).sum())

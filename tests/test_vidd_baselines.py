@@ -16,7 +16,7 @@ from algos.vidd.oracle import RewardCounter
 from algos.vidd.sampling import denoise_one_step, sample
 from algos.vidd.vidd import collect_vidd_batch, select_steps
 from algos.vidd.x0_losses import X0Batch, collect_x0_batch, ddpp_loss, final_sample_loss, final_sample_weights
-from tests.test_vidd import L, T, TableDenoiser, count_of_twos, tiny_pretrained
+from tests.helpers import L, T, TableDenoiser, count_of_twos, tiny_pretrained
 
 torch.set_num_threads(1)
 

@@ -1,0 +1,88 @@
+"""What several test modules build: the VIDD tiny space (81 sequences, exact distributions), a tiny local Qwen2 with
+a character tokenizer, and an in-process stand-in for the pool's "lm" samplers. Fixtures live in conftest.py."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+# -- VIDD: the tiny space ------------------------------------------------------------------------------------------
+
+L, V, T = 4, 3, 4  # the tiny space: 3**4 = 81 sequences
+
+
+class TableDenoiser(nn.Module):
+    """Input-independent logits, so the one-step prediction x0hat is known by hand."""
+
+    def __init__(self, logits: torch.Tensor) -> None:
+        super().__init__()
+        self.seq_len, self.vocab_size = logits.shape
+        self.mask_id = self.vocab_size
+        self.logits = nn.Parameter(logits.clone())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.logits.expand(x.shape[0], -1, -1)
+
+
+def count_of_twos(tokens) -> tuple[np.ndarray, dict]:
+    """Reward: fraction of positions holding token 2 (accepts a [B, L] tensor)."""
+    tokens = torch.as_tensor(tokens)
+    return (tokens == 2).float().mean(-1).double().numpy(), {"n_queries": len(tokens)}
+
+
+def tiny_pretrained(seed: int = 0):
+    """A MaskedDenoiser over the tiny space with a context-dependent, non-uniform "pretrained" law (fp32)."""
+    from algos.vidd.mdlm import DenoiserConfig, MaskedDenoiser
+    torch.manual_seed(seed)
+    model = MaskedDenoiser(DenoiserConfig(vocab_size=V, seq_len=L, d_model=32, n_layers=1, n_heads=2,
+                                          bf16=False))  # exact tiny-space checks: fp32 on every CPU
+    with torch.no_grad():
+        model.head.weight.mul_(3.0)  # a context-dependent, non-uniform "pretrained" law
+    return model.eval()
+
+
+# -- AttnRL --------------------------------------------------------------------------------------------------------
+
+def write_tiny_qwen2(path: Path) -> Path:
+    """A randomly initialised 2-layer Qwen2 (the paper's architecture) with a character tokenizer, built locally."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+
+    from envs.reasoning.task import CharTokenizer
+    tok = CharTokenizer()
+    backend = Tokenizer(models.WordLevel(vocab={s: i for i, s in enumerate(tok.itos)}, unk_token=tok.PAD))
+    backend.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
+    backend.decoder = decoders.Fuse()
+    PreTrainedTokenizerFast(tokenizer_object=backend, eos_token=tok.EOS, pad_token=tok.PAD).save_pretrained(path)
+    torch.manual_seed(0)
+    Qwen2ForCausalLM(Qwen2Config(vocab_size=tok.vocab_size, hidden_size=32, intermediate_size=64,
+                                 num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                 max_position_embeddings=256, bos_token_id=tok.eos_id, eos_token_id=tok.eos_id,
+                                 pad_token_id=tok.pad_id, tie_word_embeddings=True)).save_pretrained(path)
+    return path
+
+
+class InProcessPool:
+    """The pool's interface (publish by version, map over "lm" requests) with the real LMSampler, no Ray."""
+
+    def __init__(self) -> None:
+        self.published: dict[str, tuple[int, dict]] = {}
+        self.sampler = None
+        self.requests = 0
+
+    def publish(self, key: str, weights: dict) -> int:
+        version = self.published.get(key, (0, None))[0] + 1
+        self.published[key] = (version, weights)
+        return version
+
+    def map(self, name: str, requests: list, config: dict, weights: str) -> list:
+        from experiments.attnrl.sampler import LMSampler  # imports Ray: not at the top (spawned ranks import this)
+        assert name == "lm"
+        self.sampler = self.sampler or LMSampler(config)
+        version, w = self.published[weights]
+        if self.sampler.version != version:
+            self.sampler.load_weights(w, version)
+        self.requests += len(requests)
+        return [self.sampler.sample(r) for r in requests]
