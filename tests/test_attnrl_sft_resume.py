@@ -37,7 +37,7 @@ def test_sft_resumed_from_a_checkpoint_matches_one_uninterrupted_run():
     torch.save(first.state_dict(), buf)
     buf.seek(0)
     resumed = SFTRun(_policy(task, 1), task, cfg)  # other initial weights: all must come from the checkpoint
-    resumed.load_state_dict(torch.load(buf, weights_only=False))
+    resumed.load_state_dict(torch.load(buf, weights_only=False, map_location="cpu"))
     assert resumed.advance() is True
     out = resumed.result()
 

@@ -69,7 +69,7 @@ def test_sft_stage_checkpoints_when_its_call_runs_out_and_resumes(tmp_path):
     sizes = TINY | {"sft_margin_s": 0.0}
     assert run_unit_inline(study.STUDY, "sft", results_root=root, overrides=sizes, call_s=0.0) is None  # no time
     art = root / "attnrl" / "artifacts" / "sft"
-    state = torch.load(art / "checkpoint.pt", weights_only=False)
+    state = torch.load(art / "checkpoint.pt", weights_only=False, map_location="cpu")
     assert state["step"] == 0 and not state["done"] and not (art / "model.pt").exists()
     record = run_unit_inline(study.STUDY, "sft", results_root=root, overrides=sizes)
     assert record["calls"] == 2 and record["metrics"]["steps"] == 2
