@@ -194,8 +194,9 @@ def check(exp: Config, raw: dict) -> None:
     import torch
 
     from envs.control.tasks import make_env
-    obs_dim = torch.load(pretrain_files(exp.pretrain_run)["agent"], weights_only=True,
-                         map_location="cpu")  # saved on a GPU node, read on a head without one["arch"]["obs_dim"]
+    # agent.pt was saved by a GPU learner; the head that checks the config may have no GPU
+    agent = torch.load(pretrain_files(exp.pretrain_run)["agent"], weights_only=True, map_location="cpu")
+    obs_dim = agent["arch"]["obs_dim"]
     for key, spec in (("change", change), ("reference_change", exp.reference_change or pretrain_change(
             exp.pretrain_run))):
         try:
