@@ -173,3 +173,268 @@ def wm_table(results: list[dict]) -> str:
         lines.append(f"| {m} | {one[0]:.4f} | {one[-1]:.4f} | {s_one:.4f} | {ten[0]:.3f} | {ten[-1]:.3f} | "
                      f"{s_ten:.3f} |")
     return "\n".join(lines)
+
+
+# ------------------------------------------------------------------------------------------ the study's report
+# (``benchmarks/study/lift.py``): everything below reads the JSON records alone.
+
+MAIN = ("lift", "sac_finetune", "sac_finetune_matched", "lift_stochastic", "mbpo_wm", "sac_deterministic")
+APPENDIX = ("lift_prior_only", "lift_residual_only")
+BASELINE = "sac_finetune"
+FIXED = ("250", "500", "1000", "2000", "4000")
+# (metric getter key, title, format, lower is better); "return_at.N" reads the return at N real steps
+STUDY_METRICS = (
+    ("real_steps_to_recover_censored", "real steps to 80 %", "{:.0f}", True),
+    *((f"return_at.{n}", f"return @{n}", "{:.0f}", False) for n in FIXED),
+    ("falls_per_1000", "falls / 1000 real steps", "{:.2f}", True),
+    ("max_joint_excursion", "worst joint past stop (rad)", "{:.3f}", True),
+    ("final_return", "final return", "{:.0f}", False),
+    ("wm_heldout_1step_mean", "WM held-out 1-step error", "{:.4f}", True),
+)
+PAIRED = ("real_steps_to_recover_censored", "return_at.1000", "falls_per_1000", "final_return")
+# the 2x2 (world model?, deterministic real actions?) at LIFT's SAC steps per real step
+CELLS = {(True, True): "lift", (True, False): "lift_stochastic", (False, True): "sac_deterministic",
+         (False, False): "sac_finetune_matched"}
+
+
+def _get(record: dict, key: str) -> float | None:
+    value: object = record["metrics"]
+    for part in key.split("."):
+        value = value.get(part) if isinstance(value, dict) else None
+    return float(value) if isinstance(value, (int, float)) and math.isfinite(float(value)) else None
+
+
+def by_seed(records: list[dict], change: str, method: str, key: str) -> dict[int, float]:
+    """{seed: value} of the reported units of one change and method."""
+    out = {}
+    for r in records:
+        if r["role"] == "report" and r["method"] == method and r["setting"].get("change") == change:
+            value = _get(r, key)
+            if value is not None:
+                out[int(r["seed"])] = value
+    return out
+
+
+def paired_seeds(a: dict[int, float], b: dict[int, float]) -> tuple[float, float, float]:
+    return t_interval([a[s] - b[s] for s in a if s in b])
+
+
+def _cell(stat: tuple[float, float, float], pattern: str) -> str:
+    return fmt_interval(stat, pattern)
+
+
+def method_table(records: list[dict], change: str, methods: tuple[str, ...]) -> list[str]:
+    head = ["method", "seeds", "recovered"] + [t for _, t, _, _ in STUDY_METRICS]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for m in methods:
+        seeds = by_seed(records, change, m, "final_return")
+        if not seeds:
+            continue
+        rec = by_seed(records, change, m, "real_steps_to_recover")
+        cells = [m, str(len(seeds)), f"{len(rec)}/{len(seeds)}"]
+        cells += [_cell(t_interval(list(by_seed(records, change, m, k).values())), p) for k, _, p, _ in STUDY_METRICS]
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
+def paired_table(records: list[dict], change: str, methods: tuple[str, ...], baseline: str) -> list[str]:
+    titles = {k: t for k, t, _, _ in STUDY_METRICS}
+    fmts = {k: (p, lower) for k, _, p, lower in STUDY_METRICS}
+    lines = [f"| method − {baseline} (seed-paired) | " + " | ".join(titles[k] for k in PAIRED) + " |",
+             "|" + "---|" * (len(PAIRED) + 1)]
+    for m in methods:
+        if m == baseline or not by_seed(records, change, m, "final_return"):
+            continue
+        row = []
+        for k in PAIRED:
+            stat = paired_seeds(by_seed(records, change, m, k), by_seed(records, change, baseline, k))
+            pattern, lower = fmts[k]
+            row.append(f"{fmt_interval(stat, pattern)} {verdict(stat, lower)}" if math.isfinite(stat[0]) else "-")
+        lines.append(f"| {m} | " + " | ".join(row) + " |")
+    return lines
+
+
+def two_by_two(records: list[dict], change: str, key: str) -> dict[str, tuple[float, float, float]]:
+    """Seed-paired main effects of the 2x2: model (with − without, averaged over the action kind), deterministic
+    real actions (deterministic − stochastic, averaged over model) and their interaction."""
+    cell = {c: by_seed(records, change, m, key) for c, m in CELLS.items()}
+    seeds = sorted(set.intersection(*(set(v) for v in cell.values()))) if all(cell.values()) else []
+    v = {c: [cell[c][s] for s in seeds] for c in cell}
+    model = [((v[(True, True)][i] - v[(False, True)][i]) + (v[(True, False)][i] - v[(False, False)][i])) / 2
+             for i in range(len(seeds))]
+    det = [((v[(True, True)][i] - v[(True, False)][i]) + (v[(False, True)][i] - v[(False, False)][i])) / 2
+           for i in range(len(seeds))]
+    inter = [(v[(True, True)][i] - v[(False, True)][i]) - (v[(True, False)][i] - v[(False, False)][i])
+             for i in range(len(seeds))]
+    return {"model": t_interval(model), "deterministic": t_interval(det), "interaction": t_interval(inter),
+            "seeds": (float(len(seeds)),) * 3}
+
+
+def study_curves(records: list[dict], change: str, method: str) -> tuple[np.ndarray, np.ndarray] | None:
+    """(real steps, returns (seeds, points)) of the reported units, seeds cut to the shortest curve."""
+    per_seed = [(np.asarray(r["curves"]["real_steps"]), np.asarray(r["curves"]["eval_return"], dtype=float))
+                for r in records if r["role"] == "report" and r["method"] == method
+                and r["setting"].get("change") == change]
+    if not per_seed:
+        return None
+    n = min(len(s) for s, _ in per_seed)
+    return per_seed[0][0][:n], np.stack([v[:n] for _, v in per_seed])
+
+
+def study_plot(records: list[dict], gates: dict[str, dict], changes: list[str], out: Path) -> None:
+    """Per change: return vs real steps (mean and 95 % t-band over seeds) of the main methods, the pre-change and 80 %
+    lines; last panel: falls per 1000 real steps per method and change (dots: seeds)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, axes = plt.subplots(1, len(changes) + 1, figsize=(5 * (len(changes) + 1), 4))
+    colors = {m: f"C{i}" for i, m in enumerate(MAIN + APPENDIX)}
+    for ax, change in zip(axes, changes):
+        for m in MAIN:
+            c = study_curves(records, change, m)
+            if c is None:
+                continue
+            steps, values = c
+            band = np.array([t_interval(list(col)) for col in values.T])
+            ax.plot(steps, band[:, 0], marker="o", ms=2, color=colors[m], label=f"{m} ({len(values)})")
+            if len(values) > 1:
+                ax.fill_between(steps, band[:, 1], band[:, 2], color=colors[m], alpha=0.12)
+        g = gates.get(change)
+        if g:
+            pre, zero = g["metrics"]["pre_change_return"], g["metrics"]["zero_shot_return"]
+            ax.axhline(pre, color="k", ls="--", lw=1, label="pre-change")
+            ax.axhline(zero + 0.8 * (pre - zero), color="k", ls="-.", lw=0.7, label="80 % recovery")
+            ax.set_title(g["chosen"]["label"], fontsize=9)
+        ax.set(xlabel="real env steps", ylabel="deterministic eval return")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=6)
+    ax = axes[-1]
+    width = 0.8 / max(len(changes), 1)
+    for j, change in enumerate(changes):
+        for i, m in enumerate(MAIN):
+            falls = list(by_seed(records, change, m, "falls_per_1000").values())
+            if falls:
+                x = i + (j - (len(changes) - 1) / 2) * width
+                ax.bar(x, np.mean(falls), width=width, color=f"C{j}", alpha=0.6, label=change if i == 0 else None)
+                ax.scatter([x] * len(falls), falls, color="k", s=6, zorder=3)
+    ax.set_xticks(range(len(MAIN)), MAIN, fontsize=6, rotation=30, ha="right")
+    ax.set_ylabel("real-env falls per 1000 steps")
+    ax.legend(fontsize=6)
+    ax.grid(alpha=0.3, axis="y")
+    fig.suptitle("LIFT finetuning on Walker2d-v5 (bands: 95 % t-interval over seeds)", fontsize=9)
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=80)
+    plt.close(fig)
+
+
+def _holds(stat: tuple[float, float, float], lower_is_better: bool) -> str:
+    return {"better": "holds", "worse": "reversed (the other side is better)"}.get(
+        verdict(stat, lower_is_better), "not resolved (the interval includes 0)")
+
+
+def study_report(records: list[dict], out_dir: Path) -> str:
+    """The RESULTS.md section of the LIFT study, and its plot in ``out_dir``, from the records alone."""
+    from benchmarks.study.lift import CHANGES, STUDY, TUNE_CHANGE
+    plan = STUDY.plan()
+    done = {r["unit"] for r in records}
+    gates = {r["setting"]["change"]: r for r in records if r["role"] == "gate"}
+    stage = next((r for r in records if r["role"] == "stage"), None)
+    reported = [u for u in plan if u.role == "report"]
+    cpu_h = sum(r.get("cpu_s", 0.0) for r in records) / 3600
+    lines = ["## LIFT finetuning on Walker2d: real steps, falls and the 2×2 (`python -m benchmarks.study lift report`)",
+             "",
+             f"Records: `benchmarks/results/lift/` ({len(done)} of {len(plan)} units; reported units "
+             f"{sum(u.name in done for u in reported)} of {len(reported)}), {cpu_h:.2f} core-hours spent. Command: "
+             "`nice -n 19 python -m benchmarks.study lift run` (units), then `python -m benchmarks.study lift report`.",
+             ""]
+    if stage:
+        m = stage["metrics"]
+        errors = ", ".join(f"{k} {v.get('error_1step', float('nan')):.4f} / {v.get('error_10step', float('nan')):.3f}"
+                           for k, v in m["stage2"].items())
+        sha = next((r["start_sha"] for r in records if r.get("start_sha")), None) or "-"
+        lines += [f"Start model (sha {sha[:12]}): Walker2d-v5 with a velocity "
+                  f"command v* ~ U(0, 1.5), {m['env_steps']:,} env steps of in-process SAC ({m['updates']:,} updates, "
+                  f"{m['chunks']} chunk(s), {m['replay_refills']} replay refill(s)), final evaluation return "
+                  f"{m['final_eval_return']:.0f}. Stage-2 world models on the newest pretraining transitions, held-out "
+                  f"1-/10-step error: {errors}.", ""]
+    if gates:
+        lines += ["Changes (gate units: the pretrained policy in the reference env vs zero-shot in the changed env; "
+                  "a change it keeps >= 80 % under is replaced by the next rung):", "",
+                  "| change | chosen | pre-change return | zero-shot | kept | rungs tried |", "|---|---|---|---|---|---|"]
+        for c in CHANGES:
+            g = gates.get(c)
+            if g:
+                gm = g["metrics"]
+                tried = "; ".join(f"{t['label']}: {t['kept']:.0%}" for t in g["ladder"])
+                flag = " (**none hurt it enough: strongest rung kept**)" if gm["too_weak"] else ""
+                lines.append(f"| {c} | {gm['chosen']}{flag} | {gm['pre_change_return']:.0f} | "
+                             f"{gm['zero_shot_return']:.0f} | {gm['kept']:.0%} | {tried} |")
+        lines.append("")
+    tunes = [r for r in records if r["role"] == "tune"]
+    if tunes:
+        from benchmarks.study.lift import GRID
+        lines += [f"Coefficients: each main method on the same grid (tuning seed(s) >= 100, change {TUNE_CHANGE}, "
+                  "2000 real steps; score = mean evaluation return over the run; the reported seeds use the best, "
+                  "the ablations LIFT's):", "",
+                  "| method | " + " | ".join(f"temperature {g['temperature']}, tau {g['tau']}" for g in GRID)
+                  + " | chosen |", "|" + "---|" * (len(GRID) + 2)]
+        for m in MAIN:
+            scores = {}
+            for r in tunes:
+                if r["method"] == m:
+                    i = GRID.index(r["coefficients"])
+                    scores.setdefault(i, []).append(r["metrics"]["mean_return"])
+            if not scores:
+                continue
+            means = {i: float(np.mean(v)) for i, v in scores.items()}
+            best = max(means, key=means.get) if len(means) == len(GRID) else None
+            cells = [f"{means[i]:.0f}" if i in means else "-" for i in range(len(GRID))]
+            chosen = "pending" if best is None else f"temperature {GRID[best]['temperature']}, tau {GRID[best]['tau']}"
+            lines.append(f"| {m} | " + " | ".join(cells) + f" | {chosen} |")
+        lines.append("")
+    readings = []
+    for c in CHANGES:
+        if not any(r["role"] == "report" and r["setting"].get("change") == c for r in records):
+            continue
+        label = gates[c]["chosen"]["label"] if c in gates else c
+        lines += [f"### {label}", "", *method_table(records, c, MAIN), "",
+                  *paired_table(records, c, MAIN, BASELINE), ""]
+        effects = {k: two_by_two(records, c, k) for k in ("real_steps_to_recover_censored", "falls_per_1000")}
+        n = int(effects["falls_per_1000"]["seeds"][0])
+        lines += [f"2×2 at LIFT's SAC steps per real step (lift, lift_stochastic, sac_deterministic, "
+                  f"sac_finetune_matched; {n} seed(s) with all four), seed-paired main effects:", "",
+                  "| effect | real steps to 80 % | falls / 1000 real steps |", "|---|---|---|"]
+        for e in ("model", "deterministic", "interaction"):
+            s, f = effects["real_steps_to_recover_censored"][e], effects["falls_per_1000"][e]
+            lines.append(f"| {e} | {fmt_interval(s, '{:.0f}')} | {fmt_interval(f, '{:.2f}')} |")
+        lines.append("")
+        if by_seed(records, c, "lift_prior_only", "final_return") or by_seed(records, c, "lift_residual_only",
+                                                                            "final_return"):
+            lines += ["Appendix (LIFT's model ablations, seeds 10-11):", "",
+                      *method_table(records, c, ("lift", *APPENDIX)), ""]
+        steps = paired_seeds(by_seed(records, c, "lift", "real_steps_to_recover_censored"),
+                             by_seed(records, c, BASELINE, "real_steps_to_recover_censored"))
+        falls = paired_seeds(by_seed(records, c, "lift", "falls_per_1000"),
+                             by_seed(records, c, BASELINE, "falls_per_1000"))
+        es, ef = effects["real_steps_to_recover_censored"], effects["falls_per_1000"]
+        readings.append(
+            f"- **{label}**: fewer real steps to 80 % than sac_finetune: {_holds(steps, True)} "
+            f"(lift − sac_finetune {fmt_interval(steps, '{:.0f}')}); fewer falls: {_holds(falls, True)} "
+            f"({fmt_interval(falls, '{:.2f}')} per 1000). The 2×2 (n = {n}): real steps, model effect "
+            f"{fmt_interval(es['model'], '{:.0f}')} ({_holds(es['model'], True)}), deterministic-actions effect "
+            f"{fmt_interval(es['deterministic'], '{:.0f}')} ({_holds(es['deterministic'], True)}); falls, model effect "
+            f"{fmt_interval(ef['model'], '{:.2f}')} ({_holds(ef['model'], True)}), deterministic-actions effect "
+            f"{fmt_interval(ef['deterministic'], '{:.2f}')} ({_holds(ef['deterministic'], True)}).")
+    plot = out_dir / "lift_study.png"
+    if any(r["role"] == "report" for r in records):
+        study_plot(records, gates, [c for c in CHANGES if c in gates], plot)
+        lines += [f"Plot: `benchmarks/results/lift/{plot.name}` (return vs real steps per change, falls per method).", ""]
+    lines += ["Reading (generated from the intervals above; a claim holds only where the seed-paired 95 % interval "
+              "excludes 0; never-recovered runs count as the 4000-step budget, so step differences are bounds):", "",
+              *(readings or ["- no reported units yet: nothing is claimed."]), "",
+              f"Limits: Walker2d-v5 after {stage['metrics']['env_steps'] if stage else '?':,} pretraining steps stands in "
+              "for LIFT's humanoids; LIFT's schedule is cut to "
+              "0.3 -> 1.3 SAC steps per real step (the paper: 20) and 4000 real steps; evaluation is 3 deterministic "
+              "episodes every 250 real steps; the coefficients were tuned on one change and one seed."]
+    return "\n".join(lines)

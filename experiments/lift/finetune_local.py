@@ -12,6 +12,7 @@ first, so the curve starts at the zero-shot point.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import logging
 import math
 import time
@@ -24,7 +25,7 @@ import torch
 
 from algos.lift.finetune import Branching, LinearSchedule, action_rate, branch_and_update, steps_to_recover
 from algos.lift.replay import ReplayBuffer, transition_fields
-from algos.lift.sac import SACConfig, update
+from algos.lift.sac import update
 from algos.lift.world_model_training import heldout_errors, train_world_model
 from envs.control.rollout import VectorRollout, evaluate
 from envs.control.safety import JointSafety
@@ -77,7 +78,6 @@ def finetune(method: str, task: str, change: dict, exp: Config, seed: int, agent
     horizon = LinearSchedule.from_list(exp.horizon_schedule, "horizon_schedule")
     hupt = LinearSchedule.from_list(exp.hupt_schedule, "hupt_schedule")
     deterministic = spec.deterministic_real
-    fixed_cfg = SACConfig(**{**sac_cfg.__dict__, "utd": 1})  # model-free "fixed": one SAC step per call
     counts = {"real_steps": 0, "falls": 0, "episodes": 0, "stochastic_steps": 0, "sac_steps": 0}
     worst = {"joint_excursion": 0.0, "joint_speed": 0.0, "torso_tilt": 0.0}
     rates: list[float] = []
@@ -125,20 +125,30 @@ def finetune(method: str, task: str, change: dict, exp: Config, seed: int, agent
                     "wm_train_steps", "model_transitions"):
             curves[key].append(wm.get(key))
 
-    log_point(evaluate_now(), {})
+    cpu = {"eval": 0.0, "wm_retrain": 0.0, "wm_heldout": 0.0, "branch_and_update": 0.0, "real_and_updates": 0.0}
+
+    def timed(phase: str, fn: Callable[[], Any]) -> Any:
+        t0 = time.process_time()
+        try:
+            return fn()
+        finally:
+            cpu[phase] += time.process_time() - t0
+
+    log_point(timed("eval", evaluate_now), {})
     for epoch in range(exp.epochs):
         wm: dict[str, float] = {}
         if model is not None:
-            columns = collect(exp.real_steps_per_epoch)
+            columns = timed("real_and_updates", lambda: collect(exp.real_steps_per_epoch))
             for name, m in (("wm_heldout", model), ("wm_stage2_heldout", stage2)):
-                errors = heldout_errors(m, columns, HELDOUT_HORIZON, seed=seed, state_std=units)
+                errors = timed("wm_heldout", lambda m=m: heldout_errors(m, columns, HELDOUT_HORIZON, seed=seed,
+                                                                    state_std=units))
                 wm[f"{name}_1step"] = _finite(errors[0])
                 wm[f"{name}_10step"] = _finite(errors[-1])
             real_data.append(columns)
             cfg = world_model_config(exp, pretrain=False, seed=seed * 1000 + epoch, ensemble=model.cfg.ensemble_size)
             try:
-                out = train_world_model(model, real_columns(), cfg, early_stopping(exp), scalers=exp.wm_scalers,
-                                        state_std=units)
+                out = timed("wm_retrain", lambda: train_world_model(
+                    model, real_columns(), cfg, early_stopping(exp), scalers=exp.wm_scalers, state_std=units))
                 wm["wm_train_steps"] = out["steps"]
             except ValueError as err:  # raised before any change to the model: it stays as it was
                 log.warning("world model retraining skipped (epoch %d): %s", epoch, err)
@@ -149,25 +159,28 @@ def finetune(method: str, task: str, change: dict, exp: Config, seed: int, agent
             h, n_branches = horizon(epoch), hupt(epoch)
             capacity = min(n_branches * exp.rollout_batch * h, exp.model_buffer_capacity)
             model_buffer = ReplayBuffer(capacity, fields)  # LIFT: one epoch of rollouts
-            out = branch_and_update(
+            out = timed("branch_and_update", lambda: branch_and_update(
                 model, branching, states, commands, lambda obs: agent.act(obs, False, gen), n_branches=n_branches,
                 horizon=h, rollout_batch=exp.rollout_batch, model_buffer=model_buffer,
                 real_sample=lambda n: real_buffer.sample(n, gen),
-                update=lambda sampler: update(agent, sampler, sac_cfg), real_ratio=exp.real_ratio, generator=gen)
+                update=lambda sampler: update(agent, sampler, sac_cfg), real_ratio=exp.real_ratio, generator=gen))
             counts["sac_steps"] += n_branches * sac_cfg.utd
             wm["model_transitions"] = out["model_transitions"]
         else:
             goal, start, done_steps = exp.real_steps_per_epoch, counts["real_steps"], 0
             total = (hupt(epoch) * sac_cfg.utd if spec.updates == "matched"
                      else round(goal * exp.baseline_updates_per_step))
+            t0 = time.process_time()
             while counts["real_steps"] - start < goal:
                 collect(min(exp.baseline_chunk_steps, goal - (counts["real_steps"] - start)))
                 due = math.floor(total * min((counts["real_steps"] - start) / goal, 1.0) + 1e-9)
-                for _ in range(due - done_steps):  # the epoch's SAC steps, spread over its chunks
-                    update(agent, lambda n: real_buffer.sample(n, gen), fixed_cfg)
+                if due > done_steps:  # the chunk's share of the epoch's SAC steps, as one G-step call
+                    chunk_cfg = dataclasses.replace(sac_cfg, utd=due - done_steps)
+                    update(agent, lambda n: real_buffer.sample(n, gen), chunk_cfg)
                 counts["sac_steps"] += due - done_steps
                 done_steps = due
-        value = evaluate_now()
+            cpu["real_and_updates"] += time.process_time() - t0
+        value = timed("eval", evaluate_now)
         log_point(value, wm)
         if progress is not None:
             progress(counts["real_steps"], exp.epochs * exp.real_steps_per_epoch, "real steps", eval_return=value,
@@ -203,6 +216,7 @@ def finetune(method: str, task: str, change: dict, exp: Config, seed: int, agent
         "pre_change_return": pre_change,
         "zero_shot_return": zero_shot,
         "loop_wall_s": time.perf_counter() - started,
+        "cpu_s_by_phase": cpu,
     }
     return {"metrics": metrics, "curves": curves}
 

@@ -140,13 +140,15 @@ class LocalPretrain:
         self.state["eval_returns"].append(value)
         return value
 
-    def run(self, seconds_left: Callable[[], float], progress: Callable[..., None] | None = None) -> bool:
-        """Rounds until the step budget or until ``seconds_left()`` drops under a margin; True when done."""
+    def run(self, seconds_left: Callable[[], float], progress: Callable[..., None] | None = None,
+            max_steps: int | None = None) -> bool:
+        """Rounds until the step budget, until ``seconds_left()`` drops under a margin or (tests) after ``max_steps``
+        env steps of this chunk; True when the budget is done."""
         sac, st = self.sac, self.state
         steps_per_round = self.spec.steps_per_round()
         last_eval = st["eval_steps"][-1] if st["eval_steps"] else -self.spec.eval_every_steps
-        round_s = 0.0
-        while not self.done and seconds_left() > max(30.0, 5 * round_s):
+        round_s, chunk_end = 0.0, st["env_steps"] + (max_steps or self.spec.total_env_steps)
+        while not self.done and st["env_steps"] < chunk_end and seconds_left() > max(30.0, 5 * round_s):
             t0 = time.perf_counter()
             batch, stats = self.rollout.collect(lambda obs: self.agent.act(obs, False, self.gen).numpy(),
                                                 steps_per_round)
