@@ -29,7 +29,6 @@ the report compares methods at the matched token count of each seed (benchmarks/
 """
 from __future__ import annotations
 
-import copy
 import dataclasses
 import logging
 import statistics
