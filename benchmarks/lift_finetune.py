@@ -1,6 +1,10 @@
 """LIFT finetuning benchmark (issue 15): real env steps to recover 80 % of the pre-change return, falls and joint
 excursions in the real env, final return and the world model's held-out error, LIFT against its controls.
 
+Superseded for the Walker2d study by ``benchmarks/study/lift.py`` (issue 23: resumable units on the study runner,
+records in benchmarks/results/lift/, change gates, tuned coefficients, an evaluation every 250 real steps); this
+script remains for the Ray path (compare mode on the embedded cluster) and the InvertedPendulum task.
+
     python -m benchmarks.lift_finetune --change ood_velocity --seeds 10-14     # Walker2d, LIFT's own change
     python -m benchmarks.lift_finetune --change friction --seeds 0-1 --methods lift,sac_finetune   # tuning seeds
     python -m benchmarks.lift_finetune --task inverted_pendulum --change gravity:9 --seeds 0-2   # the old task
