@@ -57,6 +57,7 @@ log = logging.getLogger(__name__)
 HEAD_NODE_RESOURCE = "node:__internal_head__"  # every Ray head node has 1 of it
 _MANAGER_GONE = (RayActorError, ObjectLostError)  # the manager died or restarted: its streams and result refs are lost
 CHUNK_BYTES = 1 << 20  # requests are put in chunks of about this size (a bigger request is a chunk of its own)
+INLINE_BYTES = 64 << 10  # a chunk this small travels as bytes in the call, not through the object store
 
 
 def payload_bytes(request: Any) -> int:
@@ -79,15 +80,22 @@ def put_requests(requests: Sequence[dict], max_request_bytes: int, max_chunk: in
                              f"({max_request_bytes / 2**20:.1f} MiB): pass big inputs by reference (ray.put, a "
                              f"file) or raise the limit")
         if chunk and (size + n > CHUNK_BYTES or len(chunk) >= max_chunk):
-            refs.append(ray.put(chunk))
+            refs.append(_pack(chunk, size))
             bounds.append(bounds[-1] + len(chunk))
             chunk, size = [], 0
         chunk.append(request)
         size += n
     if chunk:
-        refs.append(ray.put(chunk))
+        refs.append(_pack(chunk, size))
         bounds.append(bounds[-1] + len(chunk))
     return refs, bounds
+
+
+def _pack(chunk: list[dict], size: int) -> Any:
+    """A chunk of requests as the worker receives it: small ones as pickled bytes, which the manager passes on
+    without unpickling (a put and a fetch through the object store would cost each small call more than its
+    requests), bigger ones as an ObjectRef, so no big payload ever reaches the manager."""
+    return pickle.dumps(chunk, protocol=5) if size <= INLINE_BYTES else ray.put(chunk)
 
 
 class SharedPool:
@@ -210,9 +218,10 @@ class SharedPool:
             try:
                 chunks, bounds = put_requests([pending[i] for i in order], self.cfg.max_request_bytes,
                                               self.cfg.max_batch)
+                alive = ray.put(None)  # owned here: freed when this driver exits, which tells the manager
                 stream = self.manager.run.options(num_returns="streaming").remote(
                     sampler, digest, config, chunks, bounds, weights,
-                    None if affinity is None else [affinity[i] for i in order], self.client_id, self.scope)
+                    None if affinity is None else [affinity[i] for i in order], self.client_id, self.scope, [alive])
                 if _streams is not None:
                     _streams.add(stream)  # PendingMap.cancel reaches it there
                 for ref in stream:

@@ -52,6 +52,7 @@ log = logging.getLogger(__name__)
 
 ALIVE, REVIVING, DEAD = "alive", "reviving", "dead"
 MAX_BACKOFF_S = 300.0  # a dead worker is tried again at most this long after its last failed revive
+DRIVER_CHECK_S = 1.0  # how often a running map checks that its driver still lives
 
 
 class UnknownName(KeyError):
@@ -497,14 +498,26 @@ class PoolManager:
         self._learn_speed(m.key, requests, seconds)
         self.metrics.served(m.sampler, n, seconds)
 
+    async def _watch_driver(self, m: _Map, token: ray.ObjectRef) -> None:
+        """End the map once its driver has exited, which takes its objects (``token``) with it: Ray does not cancel
+        a dead caller's stream, and the map's small requests travel inline, independent of the driver."""
+        while True:
+            await asyncio.sleep(DRIVER_CHECK_S)
+            try:
+                await token
+            except ray.exceptions.ObjectLostError as err:  # OwnerDiedError: the driver is gone
+                m.done.put_nowait(SamplerError(f"the map's driver is gone ({type(err).__name__})"))
+                return
+
     async def run(self, sampler: str, digest: str, config: dict, chunks: list, bounds: list[int],
                   weights_key: str | None = None, affinity: list[int] | None = None, client: str = "anonymous",
-                  scope: str | None = None):
+                  scope: str | None = None, driver: list | None = None):
         """Streaming generator: yields ``(request indices, ObjectRef of their results)`` as each call finishes.
 
-        ``chunks``: refs of the lists of requests the driver put (chunk c holds requests ``bounds[c]`` to
-        ``bounds[c + 1] - 1``); ``digest``: the exact hash of ``config`` (``cluster.pool_worker.config_digest``).
-        Cancelling the stream (the driver abandoned the map) stops launching its requests."""
+        ``chunks``: the lists of requests, pickled (small ones) or put by the driver (chunk c holds requests
+        ``bounds[c]`` to ``bounds[c + 1] - 1``); ``digest``: the exact hash of ``config``
+        (``cluster.pool_worker.config_digest``); ``driver``: ``[ref]`` of an object the driver owns, to notice its
+        exit. Cancelling the stream (the driver abandoned the map) or the driver's exit stops launching requests."""
         self._ensure_refresher()
         if sampler not in self.factories:
             raise UnknownName(f"unknown sampler {sampler!r}; registered: {sorted(self.factories)}")
@@ -532,6 +545,8 @@ class PoolManager:
             slots = g.cfg.slots_per_worker * (1 if preferred is not None else len(g.workers))
             m.launchers[preferred] = min(slots, len(lane))
             launchers += [asyncio.ensure_future(self._launcher(m, g, preferred)) for _ in range(m.launchers[preferred])]
+        if driver:
+            launchers.append(asyncio.ensure_future(self._watch_driver(m, driver[0])))
         self.maps[id(m)] = m
         self._set_queued()
         remaining = len(m)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import importlib
 import os
+import pickle
 import threading
 import time
 import traceback
@@ -233,9 +234,9 @@ class PoolWorker:
     def run(self, factory: str, digest: str, config: dict, parts: list[tuple[list, list[int]]],
             weights: tuple | None, scope: str | None = None) -> tuple[tuple[int, float], list[Any]]:
         """Run a batch of requests one after the other on one sampler; returns ``((samples, seconds), results)``.
-        ``parts``: ``([ref], offsets)`` per chunk of the map's requests that the driver put: the batch is those
+        ``parts``: ``([chunk], offsets)`` per chunk of the map's requests (pickled bytes, or a ref the driver put): the batch is those
         chunks' requests at those offsets (fetched here, so no payload passes through the manager)."""
-        chunks = ray.get([boxed[0] for boxed, _ in parts])  # the driver left: OwnerDiedError ends the map
+        chunks = _unpack([boxed[0] for boxed, _ in parts])
         requests = [chunk[o] for chunk, (_, offsets) in zip(chunks, parts) for o in offsets]
         with self.lock:
             self.requests += len(requests)
@@ -258,6 +259,14 @@ class PoolWorker:
                                f"{traceback.format_exc()}") from None
         n = sum(r.get("num_samples", 1) if isinstance(r, dict) else 1 for r in results)
         return (int(n), time.perf_counter() - start), results
+
+
+def _unpack(chunks: list) -> list[list]:
+    """Chunks of requests: pickled bytes (small ones, passed inline) or refs the driver put (the driver left:
+    OwnerDiedError, which ends the map)."""
+    refs = [c for c in chunks if isinstance(c, ray.ObjectRef)]
+    fetched = iter(ray.get(refs) if refs else [])
+    return [next(fetched) if isinstance(c, ray.ObjectRef) else pickle.loads(c) for c in chunks]
 
 
 def request_summary(request: dict, limit: int = 160) -> str:
