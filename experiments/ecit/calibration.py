@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from algos.ecit import BASES, COMBINERS
-from experiments.ecit.pool_tests import Question, ask, question_seed
+from experiments.ecit.pool_tests import Question, ask, question_seed, requests_for
 
 log = logging.getLogger(__name__)
 
@@ -119,14 +119,11 @@ def run(cfg: dict, ctx) -> dict[str, Any]:
     for step, n in enumerate(sorted(exp.ns)):
         questions = questions_for(n, exp, cfg["seed"], False)
         full_questions = questions_for(n, exp, cfg["seed"], True) if n <= exp.full_max_n else []
-        progress = Progress(f"ecit n={n}", 1, unit="requests")
-
-        def on_result(done: int, total: int) -> None:
-            progress.total = total
-            progress.update(done)
-
+        total = sum(len(requests_for(q, exp.subset_size, exp.subsets_per_request))
+                    for q in questions + full_questions)
+        progress = Progress(f"ecit n={n}", total, unit="requests")
         answers = ask(pool, questions + full_questions, config, exp.subset_size, exp.subsets_per_request,
-                      on_result=on_result)
+                      on_result=lambda done, _total: progress.update(done))
         row = summarise_n(n, answers[:len(questions)], answers[len(questions):], exp)
         rows.append(row)
         head = row[exp.combine]
