@@ -25,11 +25,11 @@ SIZES = dict(seq_len=40, n_train=10_000, n_heldout=500, d_model=64, n_layers=2, 
              curve_samples=64, best_of_n_max=32, min_iterations=30, min_refreshes=6)
 VARIANTS = ("vidd_hybrid", "vidd_alg1", "vidd_hybrid_nodenom", "standard_ft_hybrid", "standard_ft", "ddpo", "ddpp",
             "rw_mle")
-# core-seconds (cpu_s) of one unit, measured at full size on this 2-core machine while ~20 other processes shared it
-# (load 15-40, wall ~10x the CPU time; cache contention makes these pessimistic): pretrain 84 (the lane's: 81),
-# best_of_n 29, vidd_hybrid 22, vidd_hybrid_nodenom 71, ddpo 42, rw_mle 21; the others estimated from those
-COST_S = {"pretrain": 90.0, "best_of_n": 30.0, "vidd_hybrid": 25.0, "vidd_alg1": 30.0, "vidd_hybrid_nodenom": 75.0,
-          "standard_ft_hybrid": 25.0, "standard_ft": 30.0, "ddpo": 45.0, "ddpp": 35.0, "rw_mle": 25.0}
+# core-seconds (cpu_s) of one unit of each kind, measured at full size (tuning units at lr 1e-3) on this 2-core machine
+# while ~20-40 other processes shared it (wall time was ~10x the CPU time; cache contention makes these pessimistic);
+# reported units add two 64-sample curve evaluations (a few seconds)
+COST_S = {"pretrain": 84.0, "best_of_n": 29.0, "vidd_hybrid": 22.0, "vidd_alg1": 12.0, "vidd_hybrid_nodenom": 71.0,
+          "standard_ft_hybrid": 23.0, "standard_ft": 14.0, "ddpo": 42.0, "ddpp": 18.0, "rw_mle": 21.0}
 
 SPEC = TaskSpec(study="vidd_molecule", title="molecules (QED), 4096 oracle queries", task="molecule", reward="qed",
                 reward_name="QED (MOSES molecules, RDKit)", sizes=SIZES, variants=VARIANTS, cost_s=COST_S,
