@@ -15,6 +15,7 @@ import resource
 import signal
 import subprocess
 import sys
+import threading
 import time
 import traceback
 from dataclasses import dataclass
@@ -27,17 +28,21 @@ from benchmarks.study.records import (RESULTS, ROOT, atomic_write_bytes, cpu_inf
 
 log = logging.getLogger("benchmarks.study")
 STAGE_MORE = 3           # exit code of a unit process whose stage checkpointed and has more to do
-UNIT_TIMEOUT_S = 45 * 60
-MAX_ARTIFACT_BYTES = 20 * 2**20  # per file: artifacts travel in git to every later machine; keep them small  # a unit that runs this long is stuck: killed, logged, skipped by this lane
+UNIT_CPU_LIMIT_S = 45 * 60  # a unit that used this much CPU is stuck (units are <= ~20 core-min): killed, logged
+UNIT_WALL_LIMIT_S = 8 * 3600  # and one that has run this long on a starved lane too
+MAX_ARTIFACT_BYTES = 20 * 2**20  # per file: artifacts travel in git to every later machine; keep them small
 WAIT_S = 30.0
 
 
-def load_study(ref: str) -> Study:
-    """A registered study name (``lift``) or ``module:ATTR`` (tests use their own small studies)."""
+def load_study(ref: str, fresh: bool = False) -> Study:
+    """A registered study name (``lift``) or ``module:ATTR`` (tests use their own small studies). ``fresh`` re-reads
+    the study's module, so a lane that runs for hours follows a plan edited (and committed) meanwhile."""
     target = STUDIES.get(ref, ref)
     if ":" not in target:
         raise StudyError(f"unknown study {ref!r}; known: {', '.join(STUDIES)} (or module:ATTR)")
     module, attr = target.split(":")
+    if fresh and module in sys.modules:
+        return getattr(importlib.reload(sys.modules[module]), attr)
     return getattr(importlib.import_module(module), attr)
 
 
@@ -270,7 +275,7 @@ def run_lane(which: str, paths: Paths, max_units: int | None = None, commit: boo
         studies = []
         for ref in study_refs(which):
             try:
-                studies.append((ref, load_study(ref)))
+                studies.append((ref, load_study(ref, fresh=True)))
             except ImportError as e:
                 if ref not in unbuilt:
                     log.warning("study %s is not built yet (%s); skipped", ref, e)
@@ -324,21 +329,45 @@ def _run_in_process(ref: str, unit: Unit, paths: Paths, child: list) -> tuple[in
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stderr=subprocess.PIPE, text=True)
     child.append(proc)
     tail: list[str] = []
-    deadline = time.monotonic() + UNIT_TIMEOUT_S
-    try:
+
+    def pump() -> None:  # pass progress through, keep the end for the failure log
         assert proc.stderr is not None
-        for line in proc.stderr:  # pass progress through, keep the end for the failure log
+        for line in proc.stderr:
             sys.stderr.write(line)
-            tail = (tail + [line])[-200:]
-            if time.monotonic() > deadline:
-                proc.kill()
-                tail.append(f"killed: ran past {UNIT_TIMEOUT_S} s\n")
+            tail.append(line)
+            del tail[:-200]
+
+    reader = threading.Thread(target=pump, daemon=True)
+    reader.start()
+    try:
+        # A unit is stuck when it has used far more CPU than a unit may, not when it is slow: a lane at nice 19 on a
+        # busy machine gets little of a core, so wall time says nothing.
+        while True:
+            try:
+                proc.wait(timeout=5.0)
                 break
+            except subprocess.TimeoutExpired:
+                pass
+            used = _process_cpu_s(proc.pid)
+            if used > UNIT_CPU_LIMIT_S or time.perf_counter() - t0 > UNIT_WALL_LIMIT_S:
+                proc.kill()
+                tail.append(f"killed: {used:.0f} CPU-s / {time.perf_counter() - t0:.0f} s wall, past the limits "
+                            f"({UNIT_CPU_LIMIT_S} CPU-s, {UNIT_WALL_LIMIT_S} s)\n")
         code = proc.wait()
+        reader.join(timeout=10)
     finally:
         child.remove(proc)
     log.info("%s/%s exit %s after %.0f s", ref, unit.name, code, time.perf_counter() - t0)
     return code, "".join(tail)
+
+
+def _process_cpu_s(pid: int) -> float:
+    """User + system CPU seconds of a live process (Linux /proc), 0 when it is gone."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def commit_results(results_dir: Path, message: str, repo: Path = ROOT, tries: int = 10) -> bool:
