@@ -4,8 +4,10 @@ run is going, as Prometheus would), and its log carries each progress line once,
 from __future__ import annotations
 
 import re
+import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -42,8 +44,18 @@ def test_dashboard_has_a_row_per_method_and_the_pool():
 
 
 @pytest.fixture
-def metrics_head(local_nodes):
-    return local_nodes.head(num_cpus=2, env={"RAY_metrics_report_interval_ms": "1000"})
+def metrics_head():
+    """A `ray start` head of its own, exporting metrics every second (Ray's default is every 10 s)."""
+    from cluster.deploy.local import LocalNode
+    temp = Path(tempfile.mkdtemp(prefix="orr-lm-", dir="/tmp"))  # short: Ray's socket paths must fit 107 bytes
+    head = None
+    try:
+        head = LocalNode.head(temp, num_cpus=2, env={"RAY_metrics_report_interval_ms": "1000"})
+        yield head
+    finally:
+        if head is not None:
+            head.stop()
+        shutil.rmtree(temp, ignore_errors=True)
 
 
 def test_progress_line_past_the_budget_has_no_negative_eta():
@@ -51,6 +63,8 @@ def test_progress_line_past_the_budget_has_no_negative_eta():
     assert "ETA 0:00" in line and "-" not in line.split("ETA", 1)[1].split("|")[0]
 
 
+@pytest.mark.slow
+@pytest.mark.nodes
 def test_a_running_learner_exports_its_progress_and_logs_each_line_once(metrics_head, tmp_path):
     head = metrics_head
     run_name = f"gauges-{int(time.time())}"
