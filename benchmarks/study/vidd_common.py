@@ -531,7 +531,9 @@ def report_section(spec: TaskSpec, records: list[dict], out_dir: Path) -> str:
               f"{s['n_train']} corpus sequences"
               + (f" (held-out NELBO {pre['metrics']['heldout_nelbo_before']:.1f} -> "
                  f"{pre['metrics']['heldout_nelbo_after']:.1f} nats; start model sha "
-                 f"`{(pre.get('start_sha') or _start_sha(records) or '-')[:12]}`)" if pre else "")
+                 f"`{(_start_sha(records) or _artifact_sha(out_dir) or '-')[:12]}`; its own samples: median reward "
+                 f"{pre['metrics']['pretrained']['reward_median']:.3f}, NLL {pre['metrics']['pretrained']['nll']:.1f})"
+                 if pre else "")
               + f". Every fine-tuning method stops at **{s['budget']} distinct training oracle queries**, batch "
               f"{s['batch_size']} trajectories per iteration; distilled steps per trajectory: VIDD and standard FT "
               f"{steps['vidd']}, DDPO {steps['ddpo']}, DDPP and RW-MLE 1; teacher refresh every 5 iterations. "
@@ -551,6 +553,11 @@ def report_section(spec: TaskSpec, records: list[dict], out_dir: Path) -> str:
         lines += [f"Plot: `{plot}` (left: median reward against oracle queries per output sample, mean over seeds; "
                   "right: NLL against median reward, one point per seed).", ""]
     return "\n".join(lines).rstrip() + "\n"
+
+
+def _artifact_sha(out_dir: Path) -> str | None:
+    from benchmarks.study.records import sha256_files
+    return sha256_files([Path(out_dir) / "artifacts" / BUNDLE])
 
 
 def _start_sha(records: list[dict]) -> str | None:
