@@ -131,3 +131,30 @@ def test_lm_sampler_cache_fits_a_gpu_workers_share_at_paper_scale():
     per_sampler_gb = 1.5e9 * 2 / 1e9 + 1.0
     share_gb = pool.groups["gpu"]["num_gpus"] * 80
     assert pool.max_samplers_per_worker * per_sampler_gb <= share_gb, (pool.max_samplers_per_worker, share_gb)
+
+
+# ------------------------------------------------------------------------------------- gpu_check's row assertions
+
+def test_gpu_check_row_assertions_fail_when_they_should(tmp_path):
+    """The checks gpu_check applies to each run, on run directories written the way learners write them."""
+    from benchmarks.gpu_check import precision_as_expected, replicas_identical, resumed, stage0_task
+    from cluster.metrics import MetricsLogger
+
+    def run(name: str, rows: list[dict]) -> Path:
+        logger = MetricsLogger(tmp_path / name, tensorboard=False)
+        for i, row in enumerate(rows):
+            logger.log(i, row)
+        logger.close()
+        return tmp_path / name
+
+    good = run("good", [{"env_steps": 1.0, "resumed_from": -1.0}, {"resumed_from": 60.0, "param_max_abs_diff": 0.0}])
+    assert replicas_identical(good) is None and resumed(good, "") is None
+    assert "differ" in replicas_identical(run("apart", [{"param_max_abs_diff": 1e-3}]))
+    assert "not reported" in replicas_identical(run("silent", [{"env_steps": 1.0}]))
+    assert "did not resume" in resumed(run("fresh", [{"resumed_from": -1.0}]), "")
+    log = "12:00:01 INFO algos.precision: precision on cuda: bf16 (NVIDIA H200, compute capability 9.0)"
+    assert precision_as_expected(log, True) is None
+    assert "expected fp32" in precision_as_expected(log, False)
+    assert "no 'precision on cuda' line" in precision_as_expected("precision on cpu: fp32", True)
+    assert stage0_task(good, "stage 0 (pretrain_stage) as a Ray task with {...}") is None
+    assert stage0_task(good, "") is not None
