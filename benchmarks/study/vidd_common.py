@@ -178,7 +178,7 @@ def build_units(spec: TaskSpec) -> list[Unit]:
             raise StudyError(f"{spec.study}: {name} gets >= {iterations} iterations and {refreshes} teacher refreshes "
                              f"from {spec.sizes['budget']} queries, fewer than the study's minimum "
                              f"{spec.sizes['min_iterations']} / {spec.sizes['min_refreshes']}")
-    mod = f"benchmarks.study.vidd_common:"
+    mod = "benchmarks.study.vidd_common:"
     plan = [Unit("pretrain", "stage", "pretrain", None, mod + "pretrain_stage", est_core_s=spec.cost_s["pretrain"])]
     tune_names: dict[str, list[str]] = {}
     for name in spec.variants:
@@ -637,7 +637,7 @@ def _reported_tables(spec: TaskSpec, by_unit: dict, t_interval) -> list[str]:
                *(("eval_reward_median", "kmer3_corr") if dna else ())]
     titles = ["median reward", "top-10 % reward", "NLL", "diversity", "validity",
               *(("held-out oracle median", "3-mer corr") if dna else ())]
-    lines = [f"### Reported seeds 10-14: mean [95 % t-interval] over seeds", "",
+    lines = ["### Reported seeds 10-14: mean [95 % t-interval] over seeds", "",
              "| method | lr | seeds | " + " | ".join(titles) + " | iterations | refreshes | training queries | "
              "oracle queries / output sample |", "|" + "---|" * (len(titles) + 7)]
     for name, by_seed in rows.items():
