@@ -158,3 +158,21 @@ def test_gpu_check_row_assertions_fail_when_they_should(tmp_path):
     assert "no 'precision on cuda' line" in precision_as_expected("precision on cpu: fp32", True)
     assert stage0_task(good, "stage 0 (pretrain_stage) as a Ray task with {...}") is None
     assert stage0_task(good, "") is not None
+
+
+def test_lift_finetune_sizes_are_global_totals():
+    """LIFT finetuning's batch 256, 400 start states per branch and buffer capacities are the run's for 1-8 learners."""
+    from experiments.lift.finetune_config import Config, rank_share
+
+    def totals(world: int) -> dict[str, int]:
+        shares = [rank_share(Config(model_buffer_capacity=400_000, env_buffer_capacity=60_000), world, r)
+                  for r in range(world)]
+        return {"batch": sum(s.finetune_sac()["batch_size"] for s in shares),
+                "rollout_batch": sum(s.rollout_batch for s in shares),
+                "model_buffer": sum(s.model_buffer_capacity for s in shares),
+                "env_buffer": sum(s.env_buffer_capacity for s in shares)}
+
+    one = totals(1)
+    assert one == {"batch": 256, "rollout_batch": 400, "model_buffer": 400_000, "env_buffer": 60_000}
+    for world in (2, 4, 8):
+        assert totals(world) == one, world

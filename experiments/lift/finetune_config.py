@@ -148,6 +148,22 @@ class Config:
         return {**FINETUNE_SAC, **{k: v for k, v in self.sac.items() if v is not None}}
 
 
+def rank_share(exp: Config, world: int, rank: int) -> Config:
+    """This rank's ``Config``. Sizes are the run's totals whatever ``train.num_workers`` is (as lift_pretrain's): the SAC
+    batch is split evenly (DDP averages the ranks' gradients, so each update is one step at the global batch), the
+    start states of each branch and the buffer capacities go to the ranks in near-equal shares; real steps per epoch
+    and prefill are split where they are spent (``finetune_learner``). ``num_real_envs`` stays per rank: each rank's
+    env shard needs whole episodes for the world model's hold-out."""
+    import dataclasses
+
+    from experiments.lift.pretrain_config import split
+    return dataclasses.replace(
+        exp, sac={**exp.sac, "batch_size": exp.finetune_sac()["batch_size"] // world},
+        rollout_batch=split(exp.rollout_batch, world, rank),
+        model_buffer_capacity=split(exp.model_buffer_capacity, world, rank),
+        env_buffer_capacity=split(exp.env_buffer_capacity, world, rank))
+
+
 def task_of(raw: dict) -> str:
     from experiments.lift.driver_common import env_task
     return env_task(raw, FINETUNE_TASKS, "lift_finetune needs a MuJoCo task with a physics prior and task reward")
@@ -185,6 +201,14 @@ def check(exp: Config, raw: dict) -> None:
     from envs.control.changes import parse_changes
     from experiments.config import ConfigError
     task = task_of(raw)
+    world = int((raw.get("train") or {}).get("num_workers", 1))
+    batch = exp.finetune_sac()["batch_size"]
+    if batch % world:
+        raise ConfigError(f"experiment.sac.batch_size: the global batch {batch} must split evenly over "
+                          f"train.num_workers={world} (DDP averages equal shares)")
+    if exp.rollout_batch < world:
+        raise ConfigError(f"experiment.rollout_batch: {exp.rollout_batch} start states per branch cannot be shared by "
+                          f"train.num_workers={world}")
     pretrain_files(exp.pretrain_run)
     change = exp.change or DEFAULT_CHANGES[task]
     try:

@@ -33,7 +33,7 @@ from cluster.journal import Journal
 from cluster.metrics import MetricsLogger, Progress, learner_tags
 from envs.control.safety import JointSafety
 from envs.control.tasks import make_env
-from experiments.lift.finetune_config import METHOD_SPECS, METHODS, Config
+from experiments.lift.finetune_config import METHOD_SPECS, METHODS, Config, rank_share
 from experiments.lift.learner_common import (evaluate_on_rank0, gather_max, learner_device, load_checkpoint,
                                              param_divergence, publish, save_checkpoint, sync_normalizer)
 from experiments.lift.world_models import (early_stopping, has_command, pretrain_world_model, rollout_functions,
@@ -95,10 +95,11 @@ class FinetuneLearner:
     def __init__(self, config: dict) -> None:
         ddp.set_threads(config["torch_threads"])
         ddp.quiet_logs()
-        self.exp = exp = Config(**config["experiment"])
+        self.rank, self.world = ddp.rank(), ddp.world_size()
+        # the run's global sizes, this rank's share of them
+        self.exp = exp = rank_share(Config(**config["experiment"]), self.world, self.rank)
         method, task, seed = config["method"], config["task"], config["seed"]
         self.method, self.task, self.seed, self.spec = method, task, seed, METHOD_SPECS[method]
-        self.rank, self.world = ddp.rank(), ddp.world_size()
         self.run_path = run_path = Path(config["run_path"])
         self.device = device = learner_device(exp.device)
         torch.manual_seed(seed)
