@@ -5,14 +5,11 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
-import uuid
 from pathlib import Path
 
 import numpy as np
@@ -62,14 +59,6 @@ def _check_complete(run_path: Path) -> dict[str, np.ndarray]:
     return data
 
 
-def _shutdown_pool(name: str) -> None:
-    from cluster.pool import SharedPool
-    try:
-        SharedPool.attach({"name": name}, create=False).shutdown()
-    except ValueError:
-        pass
-
-
 # -- (a) a pool worker process dies mid-run ------------------------------------------------------------------------
 
 def test_pool_worker_killed_mid_run(ray_cluster, pool_factory, tmp_path):
@@ -97,40 +86,37 @@ def test_pool_worker_killed_mid_run(ray_cluster, pool_factory, tmp_path):
 
 # -- (b) the driver is SIGKILLed; the same command with resume=true continues -------------------------------------
 
-def test_driver_sigkill_then_resume(ray_cluster, tmp_path):
+def test_driver_sigkill_then_resume(pool_name, tmp_path):
     from experiments.run import main
-    pool = f"ft-driver-{uuid.uuid4().hex[:6]}"
+    pool = pool_name
     gcs = ray.get_runtime_context().gcs_address
     run_path = tmp_path / "collect" / "b"
+    args = _collect_args(tmp_path, "b", pool)
+    proc = subprocess.Popen([sys.executable, "-m", "experiments.run", *args, f"cluster.address={gcs}"], cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
-        args = _collect_args(tmp_path, "b", pool)
-        proc = subprocess.Popen([sys.executable, "-m", "experiments.run", *args, f"cluster.address={gcs}"], cwd=ROOT,
-                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        try:
-            killed_at = _wait_for(lambda: _committed_step(run_path) >= 2 and _committed_step(run_path), 180,
-                                  "two committed shards", proc)
-            proc.send_signal(signal.SIGKILL)
-        finally:
-            proc.kill()
-            proc.wait()
-        assert killed_at < SHARDS, "the run finished before it could be killed: make shards bigger"
-        summary = main(args + ["resume=true"])  # the same command, resumed (here in-process, same cluster)
-        assert summary["resumed_at_shard"] >= 2 and summary["transitions"] == N
-        resumed = _check_complete(run_path)
-        reference = main(_collect_args(tmp_path, "ref", pool))  # an uninterrupted run of the same config
-        assert reference["transitions"] == N
-        expected = ParquetStore(Path(reference["store"])).to_numpy()
-        for key in ("obs", "action", "reward", "next_obs", "qpos", "shard"):
-            np.testing.assert_array_equal(resumed[key], expected[key])
+        killed_at = _wait_for(lambda: _committed_step(run_path) >= 2 and _committed_step(run_path), 180,
+                              "two committed shards", proc)
+        proc.send_signal(signal.SIGKILL)
     finally:
-        _shutdown_pool(pool)
+        proc.kill()
+        proc.wait()
+    assert killed_at < SHARDS, "the run finished before it could be killed: make shards bigger"
+    summary = main(args + ["resume=true"])  # the same command, resumed (here in-process, same cluster)
+    assert summary["resumed_at_shard"] >= 2 and summary["transitions"] == N
+    resumed = _check_complete(run_path)
+    reference = main(_collect_args(tmp_path, "ref", pool))  # an uninterrupted run of the same config
+    assert reference["transitions"] == N
+    expected = ParquetStore(Path(reference["store"])).to_numpy()
+    for key in ("obs", "action", "reward", "next_obs", "qpos", "shard"):
+        np.testing.assert_array_equal(resumed[key], expected[key])
 
 
 # -- (c) a Tune trial's process is SIGKILLed: the trial is retried from its checkpoint ----------------------------
 
-def test_tune_trial_killed_is_retried_from_checkpoint(ray_cluster, tmp_path):
+def test_tune_trial_killed_is_retried_from_checkpoint(pool_name, tmp_path):
     from experiments.sweep import main
-    pool = f"ft-tune-{uuid.uuid4().hex[:6]}"
+    pool = pool_name
     sweep_path = tmp_path / "collect" / "sw"
     trials = sweep_path / "trials" / "collect"
 
@@ -144,13 +130,10 @@ def test_tune_trial_killed_is_retried_from_checkpoint(ray_cluster, tmp_path):
 
     killer = threading.Thread(target=kill_trial, daemon=True)
     killer.start()
-    try:
-        summary = main(_collect_args(tmp_path, "sw", pool) + [
-            "sweep=collect_throughput", "sweep.scheduler.name=fifo", "sweep.max_failures=1",
-            f"sweep.space.experiment.envs_per_shard.grid=[{ENVS}]",
-            f"sweep.space.experiment.num_shards.choice=[{SHARDS}]"])
-    finally:
-        _shutdown_pool(pool)
+    summary = main(_collect_args(tmp_path, "sw", pool) + [
+        "sweep=collect_throughput", "sweep.scheduler.name=fifo", "sweep.max_failures=1",
+        f"sweep.space.experiment.envs_per_shard.grid=[{ENVS}]",
+        f"sweep.space.experiment.num_shards.choice=[{SHARDS}]"])
     killer.join()
     assert summary["trials"] == 1 and summary["errors"] == 0, summary
     (run_path,) = list(trials.iterdir())
@@ -191,48 +174,39 @@ def _requests_running_on(head, node_id: str) -> int:
                and t.get("node_id") == node_id)
 
 
-def test_worker_node_leaves_mid_run(tmp_path):
-    from cluster.deploy.local import LocalNode
-    temp = Path(tempfile.mkdtemp(prefix="orr-ft-", dir="/tmp"))
+def test_worker_node_leaves_mid_run(local_nodes, tmp_path):
     # Node death noticed after ~5 failed 1 s health checks (Ray's default period is 3 s); tighter settings mark
     # live nodes dead on a loaded 2-core machine.
     fast = {"RAY_health_check_period_ms": "1000", "RAY_health_check_timeout_ms": "1000",
             "RAY_health_check_failure_threshold": "5"}
-    nodes: list[LocalNode] = []
+    head = local_nodes.head(num_cpus=2, env=fast)
+    head_node = _only_node_id(head)
+    worker = local_nodes.worker(head, num_cpus=1)
+    pool = "ft-node-pool"
+    run_path = tmp_path / "collect" / "d"
+    args = _collect_args(tmp_path, "d", pool, "pool.strategy=SPREAD", "pool.num_workers=2",
+                         f"cluster.address={head.gcs_address}")
+    proc = subprocess.Popen([sys.executable, "-m", "experiments.run", *args], cwd=ROOT, env=head.env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
-        head = LocalNode.head(temp / "h", num_cpus=2, env=fast)
-        nodes.append(head)
-        head_node = _only_node_id(head)
-        nodes.append(LocalNode.worker(head, temp / "w", num_cpus=1))
-        pool = "ft-node-pool"
-        run_path = tmp_path / "collect" / "d"
-        args = _collect_args(tmp_path, "d", pool, "pool.strategy=SPREAD", "pool.num_workers=2",
-                             f"cluster.address={head.gcs_address}")
-        proc = subprocess.Popen([sys.executable, "-m", "experiments.run", *args], cwd=ROOT, env=head.env,
-                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        try:
-            placed = _wait_for(lambda: len(p := _pool_actor_nodes(head, pool)) == 2 and p, 180, "the pool", proc,
-                               every_s=0.5)
-            assert len(set(placed.values())) == 2, f"pool not spread over both nodes: {placed}"
-            (leaving,) = set(placed.values()) - {head_node}
-            # Shards are committed in order, so progress says little about the other node: ask the state API
-            # for a request running there, then take the node away in the middle of it.
-            _wait_for(lambda: _requests_running_on(head, leaving), 180, "a request on the worker node", proc,
-                      every_s=0.25)
-            nodes[1].stop(graceful=False)  # the node vanishes: raylet, workers and all, without a goodbye
-            out, _ = proc.communicate(timeout=300)
-        finally:
-            proc.kill()
-        assert proc.returncode == 0, out[-3000:]
-        summary = json.loads((run_path / "summary.json").read_text())
-        assert summary["transitions"] == N, summary
-        assert summary["pool"]["retries"] >= 1 and summary["pool"]["restarts"] >= 1, summary["pool"]
-        _check_complete(run_path)
-        # the lost worker was restarted on the head (maybe after the run, which did not need to wait for it)
-        after = _wait_for(lambda: len(p := _pool_actor_nodes(head, pool)) == 2 and p, 60, "the restarted worker",
-                          every_s=0.5)
-        assert len(set(after.values())) == 1, f"both workers should now be on the head: {after}"
+        placed = _wait_for(lambda: len(p := _pool_actor_nodes(head, pool)) == 2 and p, 180, "the pool", proc,
+                           every_s=0.5)
+        assert len(set(placed.values())) == 2, f"pool not spread over both nodes: {placed}"
+        (leaving,) = set(placed.values()) - {head_node}
+        # Shards are committed in order, so progress says little about the other node: ask the state API
+        # for a request running there, then take the node away in the middle of it.
+        _wait_for(lambda: _requests_running_on(head, leaving), 180, "a request on the worker node", proc,
+                  every_s=0.25)
+        worker.stop(graceful=False)  # the node vanishes: raylet, workers and all, without a goodbye
+        out, _ = proc.communicate(timeout=300)
     finally:
-        for node in reversed(nodes):
-            node.stop()
-        shutil.rmtree(temp, ignore_errors=True)
+        proc.kill()
+    assert proc.returncode == 0, out[-3000:]
+    summary = json.loads((run_path / "summary.json").read_text())
+    assert summary["transitions"] == N, summary
+    assert summary["pool"]["retries"] >= 1 and summary["pool"]["restarts"] >= 1, summary["pool"]
+    _check_complete(run_path)
+    # the lost worker was restarted on the head (maybe after the run, which did not need to wait for it)
+    after = _wait_for(lambda: len(p := _pool_actor_nodes(head, pool)) == 2 and p, 60, "the restarted worker",
+                      every_s=0.5)
+    assert len(set(after.values())) == 1, f"both workers should now be on the head: {after}"

@@ -3,8 +3,6 @@ interface, per-rank checkpoints, safety figures, config errors, and a finetuning
 (InvertedPendulum, gravity x9: recovery margin). Two DDP ranks finetuning on one pool: tests/test_rehearsal.py."""
 from __future__ import annotations
 
-import uuid
-
 import numpy as np
 import pytest
 import torch
@@ -13,14 +11,6 @@ from algos.lift.finetune import (ActionScale, LinearSchedule, action_rate, branc
                                  sample_start_states, steps_to_recover)
 
 torch.set_num_threads(1)
-
-
-def _shutdown_pool(name: str) -> None:
-    from cluster.pool import SharedPool
-    try:
-        SharedPool.attach({"name": name}, create=False).shutdown()
-    except ValueError:
-        pass
 
 
 # ----------------------------------------------------------------------------------------------------------- units
@@ -233,25 +223,22 @@ def pretrained_run(tmp_path_factory):
                                batch_size=1024, updates_per_round=8)
 
 
-def test_lift_finetuning_recovers_the_return_the_change_took(tmp_path, ray_cluster, pretrained_run):
+def test_lift_finetuning_recovers_the_return_the_change_took(tmp_path, pool_name, pretrained_run):
     """LIFT under gravity x9 wins back 80 % of the return the change took away within 1600 real steps, every one of
     them deterministic (calibrated on 3 pretrainings x 2 seeds: recovered at 200-800 steps in 4 of 5 runs of 4
     epochs; the run stops at its first recovered evaluation, so it costs what it needs)."""
     from cluster.metrics import read_metrics
     from experiments.run import main
-    pool = f"lift-ft-{uuid.uuid4().hex[:6]}"
-    try:
-        summary = main(["experiment=lift_finetune", "env=inverted_pendulum", f"experiment.pretrain_run={pretrained_run}",
-                        "experiment.method=lift", "experiment.change={name:gravity,scale:9.0}",
-                        f"output_dir={tmp_path}", "run_name=smoke", f"pool.name={pool}",
-                        "experiment.epochs=8", "experiment.stop_at_recovery=true", "experiment.prefill_steps=0",
-                        "experiment.real_steps_per_epoch=200", "experiment.wm_retrain_first=false",
-                        "experiment.hupt_schedule=[0,2,20,100]", "experiment.horizon_schedule=[0,4,1,5]",
-                        "experiment.wm_pretrain_steps=500", "experiment.wm_retrain_steps=300",
-                        "experiment.load_alpha=true", "experiment.sac.tau=0.005", "experiment.eval_episodes=4",
-                        "seed=0"])
-    finally:
-        _shutdown_pool(pool)
+    pool = pool_name
+    summary = main(["experiment=lift_finetune", "env=inverted_pendulum", f"experiment.pretrain_run={pretrained_run}",
+                    "experiment.method=lift", "experiment.change={name:gravity,scale:9.0}",
+                    f"output_dir={tmp_path}", "run_name=smoke", f"pool.name={pool}",
+                    "experiment.epochs=8", "experiment.stop_at_recovery=true", "experiment.prefill_steps=0",
+                    "experiment.real_steps_per_epoch=200", "experiment.wm_retrain_first=false",
+                    "experiment.hupt_schedule=[0,2,20,100]", "experiment.horizon_schedule=[0,4,1,5]",
+                    "experiment.wm_pretrain_steps=500", "experiment.wm_retrain_steps=300",
+                    "experiment.load_alpha=true", "experiment.sac.tau=0.005", "experiment.eval_episodes=4",
+                    "seed=0"])
     assert set(summary) == {"task", "change", "reference_change", "pre_change_return", "zero_shot_return", "methods",
                             "plot"}
     lift, pre, zero = summary["methods"]["lift"], summary["pre_change_return"], summary["zero_shot_return"]

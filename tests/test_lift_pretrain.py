@@ -19,14 +19,6 @@ from experiments.run import main
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _shutdown_pool(name: str) -> None:
-    from cluster.pool import SharedPool
-    try:
-        SharedPool.attach({"name": name}, create=False).shutdown()
-    except ValueError:
-        pass
-
-
 def _kill_cluster(temp_dir: str, proc: subprocess.Popen) -> None:
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
@@ -44,7 +36,7 @@ def _replay_rows(run: Path) -> int:
 
 
 @pytest.mark.slow
-def test_pendulum_learns_and_a_killed_run_resumes(tmp_path, ray_cluster):
+def test_pendulum_learns_and_a_killed_run_resumes(tmp_path, pool_name):
     """Run 1 is SIGKILLed after its first checkpoint; `resume=true` continues it to >= -400 within 16k steps."""
     run_name = "resume"
     temp_dir = f"/tmp/orrery-kill-{uuid.uuid4().hex[:6]}"
@@ -55,11 +47,11 @@ def test_pendulum_learns_and_a_killed_run_resumes(tmp_path, ray_cluster):
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     ckpt_root = tmp_path / "lift_pretrain" / run_name / "checkpoints" / "learner"
     try:
-        deadline = time.time() + 400
+        deadline = time.time() + 600  # ~60 s on a quiet core; a loaded CI machine may take many times that
         while time.time() < deadline and not list(ckpt_root.glob("checkpoint_*/rank0.pt")):
             assert proc.poll() is None, "the first run ended before writing a checkpoint"
             time.sleep(1)
-        assert list(ckpt_root.glob("checkpoint_*/rank0.pt")), "no checkpoint within 400 s"
+        assert list(ckpt_root.glob("checkpoint_*/rank0.pt")), "no checkpoint within 600 s"
         time.sleep(2)
     finally:
         _kill_cluster(temp_dir, proc)
@@ -68,11 +60,7 @@ def test_pendulum_learns_and_a_killed_run_resumes(tmp_path, ray_cluster):
     saved = torch.load(ckpt, weights_only=True)
     steps_at_ckpt, buffer_at_ckpt = saved["counters"]["env_steps"], saved["buffer"]["size"]
 
-    pool = f"lift-{uuid.uuid4().hex[:6]}"
-    try:
-        summary = main([*common, "resume=true", f"pool.name={pool}"])
-    finally:
-        _shutdown_pool(pool)
+    summary = main([*common, "resume=true", f"pool.name={pool_name}"])
     run = tmp_path / "lift_pretrain" / run_name
     df = read_metrics(run)
     resumed = df[df["resumed_from"] >= 0]

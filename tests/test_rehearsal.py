@@ -10,10 +10,8 @@ from __future__ import annotations
 
 import json
 import secrets
-import shutil
 import subprocess
 import sys
-import tempfile
 import uuid
 from pathlib import Path
 
@@ -54,45 +52,11 @@ class Cluster:
 
 
 @pytest.fixture(scope="module")
-def cluster():
-    token = secrets.token_hex(32)
-    temp = Path(tempfile.mkdtemp(prefix="orr-reh-", dir="/tmp"))  # short: Ray's socket paths must fit 107 bytes
-    out = Path(tempfile.mkdtemp(prefix="orrery-rehearsal-runs-"))
-    nodes: list[LocalNode] = []
-    try:
-        head = LocalNode.head(temp / "h", num_cpus=1, token=token)
-        nodes.append(head)
-        for i in range(2):
-            nodes.append(LocalNode.worker(head, temp / f"w{i}", num_cpus=2, num_gpus=2))
-        yield Cluster(head, nodes[1:], out)
-    finally:
-        for node in reversed(nodes):
-            node.stop()
-        shutil.rmtree(temp, ignore_errors=True)
-        shutil.rmtree(out, ignore_errors=True)
-
-
-def test_lift_pretrain_two_ddp_learners_asking_for_gpus(cluster):
-    cluster.run("experiment=lift_pretrain", "env=pendulum", "run_name=pre", "experiment.total_env_steps=1536",
-                "experiment.eval_every_steps=768", "experiment.eval_episodes=2", "experiment.checkpoint_every_updates=256")
-    s = cluster.summary("lift_pretrain", "pre")
-    assert s["train_workers"] == 2 and s["param_max_abs_diff"] == 0.0, s
-    run = cluster.out / "lift_pretrain" / "pre"
-    ckpts = RunDir(run).learner_checkpoints()
-    assert ckpts and {p.name for p in ckpts[-1].iterdir()} >= {"rank0.pt", "rank1.pt"}, "one shard per rank"
-    # each rank's shard holds its own replay (Ray Train merged the files; nothing was gathered into rank 0)
-    import torch
-    ranks = [torch.load(ckpts[-1] / f"rank{r}.pt", weights_only=True) for r in (0, 1)]
-    assert all(r["buffer"]["size"] > 0 for r in ranks)
-    assert not torch.equal(ranks[0]["buffer"]["storage"]["obs"][:8], ranks[1]["buffer"]["storage"]["obs"][:8])
-    assert len(list((run / "data").glob("replay-rank*"))) == 2
-    assert len(ParquetStore(run / "data" / "replay-rank0")) + len(ParquetStore(run / "data" / "replay-rank1")) \
-        == s["env_steps"]
-    stats = cluster.pool_stats()
-    nodes = {g: {w["node_id"] for w in stats["workers"] if w.get("group") == g} for g in ("default", "gpu")}
-    assert len(nodes["default"]) == 2 and len(nodes["gpu"]) == 2, f"the pool is SPREAD over both nodes: {nodes}"
-    gpu_workers = [w for w in stats["workers"] if w.get("group") == "gpu"]
-    assert all(w["resources"].get("GPU") == 0.25 for w in gpu_workers), gpu_workers
+def cluster(local_nodes, tmp_path_factory):
+    """One cluster for every rehearsal run of this module: a head (token auth on) and two worker nodes."""
+    head = local_nodes.head(num_cpus=1, token=secrets.token_hex(32))
+    workers = [local_nodes.worker(head, num_cpus=2, num_gpus=2) for _ in range(2)]
+    return Cluster(head, workers, tmp_path_factory.mktemp("rehearsal-runs"))
 
 
 def test_collect_as_a_submitted_job_with_token_auth(cluster):
@@ -114,23 +78,49 @@ def test_collect_as_a_submitted_job_with_token_auth(cluster):
     assert refused.returncode != 0, "a client without the token must be refused"
 
 
+def _tiny_tour() -> list[str]:
+    """The tour's test budgets (tests/test_tour.py); LIFT pretraining also checkpoints mid-run, each rank its shard."""
+    from tests.test_tour import TINY
+    return [*TINY, '+experiment.overrides.lift_pretrain=["experiment.checkpoint_every_updates=256"]']
+
+
 def test_tour_every_method_with_ddp_learners_on_one_pool(cluster):
     """The main job at rehearsal structure: LIFT (pretrain -> finetune), VIDD and AttnRL drivers at once, each learner
-    2 DDP replicas asking for GPUs, on one pool spread over the nodes; the replicas end identical, and each LIFT
-    finetuning rank keeps (and checkpoints) its own real env shard."""
+    2 DDP replicas asking for GPUs, on one pool spread over the nodes; the replicas end identical, each LIFT
+    pretraining rank checkpoints its own shard and replay, and each LIFT finetuning rank keeps (and checkpoints) its
+    own real env shard."""
     from cluster.metrics import read_metrics
-    from tests.test_tour import TINY, check_tour
-    cluster.run("experiment=tour", "run_name=t", *TINY, timeout=1500)
+    from tests.test_tour import check_tour
+    cluster.run("experiment=tour", "run_name=t", *_tiny_tour(), timeout=1500)
     tour = cluster.out / "tour" / "t"
     check_tour(tour)
     runs = tour / "runs"
-    pre = json.loads((runs / "lift_pretrain" / "lift_pretrain" / "summary.json").read_text())
+    import torch
+
+    # LIFT pretraining: 2 DDP learners asking for GPUs, one checkpoint shard and one Parquet replay per rank
+    pre_run = runs / "lift_pretrain" / "lift_pretrain"
+    pre = json.loads((pre_run / "summary.json").read_text())
     assert pre["train_workers"] == 2 and pre["param_max_abs_diff"] == 0.0, pre
+    ckpts = RunDir(pre_run).learner_checkpoints()
+    assert ckpts and {p.name for p in ckpts[-1].iterdir()} >= {"rank0.pt", "rank1.pt"}, "one shard per rank"
+    # each rank's shard holds its own replay (Ray Train merged the files; nothing was gathered into rank 0)
+    ranks = [torch.load(ckpts[-1] / f"rank{r}.pt", weights_only=True) for r in (0, 1)]
+    assert all(r["buffer"]["size"] > 0 for r in ranks)
+    assert not torch.equal(ranks[0]["buffer"]["storage"]["obs"][:8], ranks[1]["buffer"]["storage"]["obs"][:8])
+    assert len(list((pre_run / "data").glob("replay-rank*"))) == 2
+    assert len(ParquetStore(pre_run / "data" / "replay-rank0")) + len(ParquetStore(pre_run / "data" / "replay-rank1")) \
+        == pre["env_steps"]
+    # the pool is SPREAD over both worker nodes, its model samplers on fractional GPUs
+    stats = cluster.pool_stats()
+    nodes = {g: {w["node_id"] for w in stats["workers"] if w.get("group") == g} for g in ("default", "gpu")}
+    assert len(nodes["default"]) == 2 and len(nodes["gpu"]) == 2, f"the pool is SPREAD over both nodes: {nodes}"
+    gpu_workers = [w for w in stats["workers"] if w.get("group") == "gpu"]
+    assert all(w["resources"].get("GPU") == 0.25 for w in gpu_workers), gpu_workers
+
     for experiment, methods in (("lift_finetune", ("lift", "sac_finetune")), ("vidd_molecule", ("vidd",))):
         df = read_metrics(runs / experiment / experiment).dropna(subset=["param_max_abs_diff"])
         assert len(df) >= len(methods) and (df["param_max_abs_diff"] == 0.0).all(), (experiment, df)
     # LIFT finetuning: each rank has its own real env shard, world model and replay, and checkpoints its own file
-    import torch
     for method in ("lift", "sac_finetune"):
         ckpt = RunDir(runs / "lift_finetune" / "lift_finetune").learner_checkpoints(f"learner-{method}")[-1]
         ranks = [torch.load(ckpt / f"rank{r}.pt", weights_only=True) for r in (0, 1)]

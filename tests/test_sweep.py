@@ -10,7 +10,6 @@ import signal
 import subprocess
 import sys
 import time
-import uuid
 from pathlib import Path
 
 import numpy as np
@@ -107,8 +106,8 @@ def test_commit_records_restore_and_clone(tmp_path):
     assert len(ParquetStore(a / "data" / "x")) == 6
 
 
-def test_sweep_killed_then_resumed(ray_cluster, tmp_path):
-    pool = f"sweep-pool-{uuid.uuid4().hex[:6]}"
+def test_sweep_killed_then_resumed(pool_name, tmp_path):
+    pool = pool_name
     sweep_path = tmp_path / "collect" / "sw"
     trials = sweep_path / "trials" / "collect"
     argv = [sys.executable, "-m", "experiments.sweep", "experiment=collect", "sweep=collect_throughput",
@@ -130,28 +129,24 @@ def test_sweep_killed_then_resumed(ray_cluster, tmp_path):
             done |= {t["trial_id"] for t in map(lambda e: json.loads(e[0]), entries) if t["status"] == "TERMINATED"}
         return done
 
+    # Tune saves its experiment state at most every 10 s by default; save it at every step so that "finished
+    # before the kill" is exact (a trial finished but not yet recorded would be resumed at its last commit: a
+    # no-op, but not what this test counts).
+    env = {**os.environ, "TUNE_GLOBAL_CHECKPOINT_S": "0"}
+    proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
-        # Tune saves its experiment state at most every 10 s by default; save it at every step so that "finished
-        # before the kill" is exact (a trial finished but not yet recorded would be resumed at its last commit: a
-        # no-op, but not what this test counts).
-        env = {**os.environ, "TUNE_GLOBAL_CHECKPOINT_S": "0"}
-        proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        try:
-            deadline = time.monotonic() + 240
-            while not terminated() and proc.poll() is None and time.monotonic() < deadline:
-                time.sleep(0.05)
-            proc.send_signal(signal.SIGKILL)
-            out = proc.communicate()[0]
-        finally:
-            proc.kill()
-        done_before = terminated()
-        assert len(done_before) == 1, f"kill the sweep after 1 of 2 trials; finished {done_before}\n{out[-3000:]}"
-
-        resumed = subprocess.run(argv + ["resume=true"], cwd=ROOT, capture_output=True, text=True, timeout=400)
-        assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
+        deadline = time.monotonic() + 240
+        while not terminated() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGKILL)
+        out = proc.communicate()[0]
     finally:
-        from cluster.pool import SharedPool
-        SharedPool.attach({"name": pool}, create=False).shutdown()
+        proc.kill()
+    done_before = terminated()
+    assert len(done_before) == 1, f"kill the sweep after 1 of 2 trials; finished {done_before}\n{out[-3000:]}"
+
+    resumed = subprocess.run(argv + ["resume=true"], cwd=ROOT, capture_output=True, text=True, timeout=400)
+    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
 
     runs = sorted(p for p in trials.iterdir() if p.is_dir())
     assert len(runs) == 2 and finished() == runs

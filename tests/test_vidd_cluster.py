@@ -3,8 +3,6 @@ best-of-N from the driver, metrics + samples in Parquet, plots, summary), and th
 of oracles that raise and of molecules that do not parse."""
 from __future__ import annotations
 
-import uuid
-
 import numpy as np
 import pytest
 import torch
@@ -19,14 +17,6 @@ from experiments.vidd.sampler import DiffusionSampler
 torch.set_num_threads(1)
 
 SMILES = ["CCO", "c1ccccc1O", "CC(=O)Nc1ccc(O)cc1", "CCN(CC)CC", "O=C(O)c1ccccc1"]
-
-
-def _shutdown_pool(name: str) -> None:
-    from cluster.pool import SharedPool
-    try:
-        SharedPool.attach({"name": name}, create=False).shutdown()
-    except ValueError:
-        pass
 
 
 def _vocab():
@@ -134,29 +124,25 @@ def test_paper_presets_keep_the_teacher_refreshing_and_small_budgets_are_flagged
     assert "degenerates into standard fine-tuning" in caplog.text
 
 
-def test_vidd_molecule_end_to_end_through_pool_and_train(tmp_path, ray_cluster):
+def test_vidd_molecule_end_to_end_through_pool_and_train(tmp_path, pool_name):
     from experiments.run import main
-    pool = f"vidd-{uuid.uuid4().hex[:6]}"
-    budget = 96
-    try:
-        summary = main([
-            "experiment=vidd_molecule", f"output_dir={tmp_path}", "run_name=smoke", f"pool.name={pool}",
-            "experiment.methods=[vidd,best_of_n,ddpp]", "experiment.n_train=300", "experiment.n_heldout=30",
-            "experiment.seq_len=24", "experiment.d_model=32", "experiment.n_layers=1", "experiment.n_heads=2",
-            "experiment.pretrain_steps=20", "experiment.num_sampling_steps=6", f"experiment.query_budget={budget}",
-            "experiment.batch_size=8", "experiment.timesteps_per_trajectory=2", "experiment.refresh_interval=2",
-            "experiment.best_of_n_outputs=16", "experiment.eval_samples=16", "experiment.eval_every=2",
-            "experiment.nll_time_samples=1"])
-        from experiments.registry import attach_pool
-        shared = attach_pool({"name": pool})
-        stats = shared.stats()
-        # a crashing oracle inside a pool worker: the request succeeds and the errors come back as counts
-        cfg = _sampler_config(_vocab(), {"kind": "custom", "factory": "tests.test_vidd_cluster:raising_reward"})
-        shared.publish("raising", _weights(cfg))
-        (res,) = shared.map("diffusion", [{"kind": "sample", "n": 48, "seed": 3, "model": "pretrained"}], config=cfg,
-                            weights="raising")
-    finally:
-        _shutdown_pool(pool)
+    pool, budget = pool_name, 96
+    summary = main([
+        "experiment=vidd_molecule", f"output_dir={tmp_path}", "run_name=smoke", f"pool.name={pool}",
+        "experiment.methods=[vidd,best_of_n,ddpp]", "experiment.n_train=300", "experiment.n_heldout=30",
+        "experiment.seq_len=24", "experiment.d_model=32", "experiment.n_layers=1", "experiment.n_heads=2",
+        "experiment.pretrain_steps=20", "experiment.num_sampling_steps=6", f"experiment.query_budget={budget}",
+        "experiment.batch_size=8", "experiment.timesteps_per_trajectory=2", "experiment.refresh_interval=2",
+        "experiment.best_of_n_outputs=16", "experiment.eval_samples=16", "experiment.eval_every=2",
+        "experiment.nll_time_samples=1"])
+    from experiments.registry import attach_pool
+    shared = attach_pool({"name": pool})
+    stats = shared.stats()
+    # a crashing oracle inside a pool worker: the request succeeds and the errors come back as counts
+    cfg = _sampler_config(_vocab(), {"kind": "custom", "factory": "tests.test_vidd_cluster:raising_reward"})
+    shared.publish("raising", _weights(cfg))
+    (res,) = shared.map("diffusion", [{"kind": "sample", "n": 48, "seed": 3, "model": "pretrained"}], config=cfg,
+                        weights="raising")
     assert set(summary) == {"task", "query_budget", "pretrained", "methods", "plots"}
     assert summary["task"] == "molecule" and summary["query_budget"] == budget
     assert set(summary["pretrained"]) == {"median_reward", "top10_reward", "nll", "diversity", "validity"}

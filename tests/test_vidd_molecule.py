@@ -1,8 +1,8 @@
 """Smoke-scale learning check on molecules: pretrain a tiny MDLM on MOSES SELFIES, then VIDD on QED.
 
-One pretrained model is shared by the module (pretraining is the expensive part). Seeds are fixed;
-thresholds leave room for the noise of the evaluation sample (256 molecules; the standard error of a
-median QED is about 0.012).
+One pretrained model is shared by the module. Seeds are fixed; thresholds leave room for the noise of the
+evaluation sample (256 molecules; the standard error of a median QED is about 0.012) and, for VIDD, of the
+finetuning seed (calibrated over seeds: see the test).
 
 VIDD runs with ``next_value="completion"``: the numerator of the soft-optimal weight comes from one
 completion of xbar under p_out (the released protein code's estimator). With Alg. 1's one-step values
@@ -23,11 +23,13 @@ from algos.vidd.sampling import sample
 from envs.bio.molecules import MoleculeReward, make_molecule_dataset, molecule_metrics, tokens_to_smiles
 
 torch.set_num_threads(1)
+pytestmark = pytest.mark.slow  # pretrains a denoiser, then learns
 
 MAX_LEN = 40
 T = 8  # sampling steps: 5 SELFIES tokens revealed per step on average
 N_EVAL = 256
-QED_MARGIN = 0.03
+FINETUNE_SEEDS = (0, 1, 2)
+QED_MARGIN = 0.01  # on the mean gain over FINETUNE_SEEDS: calibrated in the test's docstring
 
 
 @pytest.fixture(scope="module")
@@ -59,14 +61,26 @@ def test_pretraining_lowers_heldout_nll(pretrained):
 
 
 def test_vidd_raises_median_qed_over_pretrained(pretrained):
+    """VIDD raises the median QED of the pretrained model's samples, on average over FINETUNE_SEEDS.
+
+    One run's gain varies with its seed far more than the evaluation's noise, and the pretrained model differs with
+    the CPU's float path as with its seed. Calibration (gain of single runs, finetuning seeds 0-3; AVX512 EPYC):
+    pretraining seed 0: +0.061 +0.008 +0.053 +0.030; pretraining seed 1: +0.029 +0.034 -0.008. The old check (seed 0
+    alone, > +0.03) failed on 3 of these 7 draws. Means over seeds 0-2: +0.041 and +0.018; the evaluation noise of such
+    a mean is about 0.007 (medians of 256 molecules), so QED_MARGIN = 0.01 is above it. The margin on pretraining seed
+    1 is thin (+0.008): at 30 iterations VIDD's gain is not reliable per run; a longer run needs its own calibration."""
     data, model, _, _ = pretrained
     cfg = VIDDConfig(
         alpha=0.1, beta=1.0, refresh_interval=5, timesteps_per_trajectory=4, batch_size=32,
         max_iterations=30, num_sampling_steps=T, lr=1e-3, next_value="completion",
     )
-    result = finetune("vidd", model, MoleculeReward(data.vocab, "qed"), cfg, seed=0)
-    before, after = evaluate(model, data, model), evaluate(result.model, data, model)
-    assert result.reward_queries > 0 and result.iterations == cfg.max_iterations
-    assert after["qed_median"] > before["qed_median"] + QED_MARGIN, (before, after)
-    assert after["validity"] > 0.95 and after["uniqueness"] > 0.8  # no collapse onto a few molecules
-    assert np.isfinite(after["nll_pretrained"])
+    before = evaluate(model, data, model)
+    gains = []
+    for seed in FINETUNE_SEEDS:
+        result = finetune("vidd", model, MoleculeReward(data.vocab, "qed"), cfg, seed=seed)
+        after = evaluate(result.model, data, model)
+        assert result.reward_queries > 0 and result.iterations == cfg.max_iterations
+        assert after["validity"] > 0.95 and after["uniqueness"] > 0.8, (seed, after)  # no collapse
+        assert np.isfinite(after["nll_pretrained"])
+        gains.append(after["qed_median"] - before["qed_median"])
+    assert np.mean(gains) > QED_MARGIN, (before["qed_median"], gains)
