@@ -375,7 +375,7 @@ def study_report(records: list[dict], out_dir: Path) -> str:
     if tunes:
         from benchmarks.study.lift import GRID
         lines += [f"Coefficients: each main method on the same grid (tuning seed(s) >= 100, change {TUNE_CHANGE}, "
-                  "2000 real steps; score = mean evaluation return over the run; the reported seeds use the best, "
+                  "1500 real steps; score = mean evaluation return over the run; the reported seeds use the best, "
                   "the ablations LIFT's):", "",
                   "| method | " + " | ".join(f"temperature {g['temperature']}, tau {g['tau']}" for g in GRID)
                   + " | chosen |", "|" + "---|" * (len(GRID) + 2)]
