@@ -19,8 +19,9 @@ What the pool guarantees (the README's pool section says the same):
 - Time limits: a request running past ``pool.request_timeout_s`` (or its sampler's ``timeout_s`` at :meth:`register`)
   fails its map with a :class:`RequestTimeout` naming it; its worker is killed and Ray restarts it.
 - Health never waits: ``attach``, ``stats`` and ``release`` are answered while every worker runs long requests.
-- Requests travel by reference: the driver puts them into the object store in chunks, the worker fetches its batch;
-  a request bigger than ``pool.max_request_bytes`` is refused before anything is sent.
+- Requests travel by reference: the driver puts them into the object store in chunks, the worker fetches its batch
+  (chunks under 64 KiB travel as pickled bytes the manager never opens); a request bigger than
+  ``pool.max_request_bytes`` is refused before anything is sent.
 - An abandoned map (the ``imap`` consumer stops, ``PendingMap.result`` times out or ``cancel`` is called, the driver
   exits) stops launching requests; those already running end within their time limit.
 - Small requests travel in batches (``pool.batch_target_s``), so a map of many ms-long requests pays Ray's per-call

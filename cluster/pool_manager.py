@@ -5,9 +5,9 @@ ObjectRef), the worker groups and their free slots. A map's requests wait for sl
 (drivers) take turns, each client's oldest request first, so a driver with 10,000 queued requests does not starve one
 with 10. Each slot a map gets runs one worker call, which carries one request, or several small ones
 (``pool.batch_target_s``: as many as take ~50 ms at the sampler's recent speed, never more than a fair share of the
-map's remaining requests per slot). Requests travel by reference: the driver puts them into the object store in
-chunks and the manager hands each worker the chunk refs and offsets of its batch; it reads only the worker's small
-``(samples, seconds)`` reply and hands the results' ObjectRef to the caller, so no payload crosses the manager.
+map's remaining requests per slot). Requests come in chunks the manager never opens: refs the driver put (or, for
+small chunks, pickled bytes); it hands each worker the chunks and offsets of its batch, reads only the worker's small
+``(samples, seconds)`` reply and hands the results' ObjectRef to the caller, so no payload is unpickled here.
 
 Each worker is ``alive``, ``reviving`` (dead or killed; the manager waits for Ray to restart it, or re-creates it)
 or ``dead`` (it did not come back within ``pool.revive_timeout_s``: tried again after a growing backoff); only an

@@ -184,6 +184,10 @@ def test_caches_stay_bounded_over_many_runs(pool_factory):
 def test_clients_take_turns_so_a_small_driver_is_not_starved(pool_factory):
     from cluster.pool import SharedPool
     pool = pool_factory(num_workers=1)
+    # a fresh worker's first call takes seconds on a loaded machine; attach no longer waits for it (health calls
+    # never queue behind requests), so it must not fall inside the small driver's time; requests of the same shape
+    # teach the manager their speed (~50 ms: one request per call)
+    pool.map("echo", [{"sleep_s": 0.05}] * 2)
     big = pool.submit("echo", [{"sleep_s": 0.05}] * 100)
     time.sleep(0.5)  # the big driver's queue is long by now
     small = SharedPool.attach({"name": pool.name})  # another driver: its own client id
