@@ -200,6 +200,7 @@ def test_config_validation_names_the_field():
     assert dataclasses.asdict(WorldModelConfig())["loss_horizon"] == 1
 
 
+@pytest.mark.slow  # a learning claim: two models trained 1000 steps each on 3000 transitions
 def test_physics_model_beats_black_box_on_walker2d_at_equal_data_and_steps(walker):
     """LIFT's claim at CPU size: same 3000 random-action transitions, same network and Adam steps; the physics model
     has the smaller 10-step open-loop error on held-out episodes of a smoother (shifted) action process, and is
