@@ -442,7 +442,7 @@ class PoolManager:
             while lane:
                 alone = lane[0] in m.solo
                 async with g.slot(m.client, preferred, whole=alone) as slot:
-                    if not lane or lane[0] in m.solo and not slot.alone:  # taken meanwhile / needs a whole worker
+                    if not lane or (lane[0] in m.solo and not slot.alone):  # taken meanwhile / needs a whole worker
                         continue
                     batch = self._take_batch(m, lane, preferred)
                     slot.call = asyncio.ensure_future(self._call(m, g, slot.worker, batch))

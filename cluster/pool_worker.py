@@ -167,11 +167,15 @@ class PoolWorker:
 
     def _evict(self) -> list[_Cached]:
         """Least recently used out until both caches are within their count and byte bounds (the newest entry of
-        each stays: it is about to be used). Called with the lock held; returns the samplers to close."""
+        each stays: it is about to be used; a sampler running a request in another slot stays too). Called with the
+        lock held; returns the samplers to close."""
         closed = []
         while len(self.samplers) > self.max_samplers or (
                 len(self.samplers) > 1 and self._cache_bytes() > self.max_cache_bytes):
-            closed.append(self.samplers.popitem(last=False)[1])
+            idle = [k for k, c in list(self.samplers.items())[:-1] if not c.lock.locked()]
+            if not idle:
+                break
+            closed.append(self.samplers.pop(idle[0]))
             self.evicted += 1
         while len(self.weights) > self.max_weights or (
                 len(self.weights) > 1 and self._cache_bytes() > self.max_cache_bytes):
