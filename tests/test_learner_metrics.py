@@ -58,6 +58,24 @@ def metrics_head():
         shutil.rmtree(temp, ignore_errors=True)
 
 
+@pytest.fixture
+def prometheus(metrics_head):
+    """Prometheus scraping the head's nodes every second (cluster/deploy/prometheus.py), or None without the binary
+    (Debian: apt-get install prometheus): then the endpoint is read directly, as Prometheus would."""
+    from cluster.deploy.local import free_port
+    from cluster.deploy.prometheus import prometheus_binary, start_prometheus
+    if prometheus_binary() is None:
+        yield None
+        return
+    port = free_port()
+    proc = start_prometheus(metrics_head, port, scrape_interval_s=1.0)
+    try:
+        yield port
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
 def test_progress_line_past_the_budget_has_no_negative_eta():
     line = Progress("x", 3000, "env steps").line(3008, 100.0)
     assert "ETA 0:00" in line and "-" not in line.split("ETA", 1)[1].split("|")[0]
@@ -65,7 +83,8 @@ def test_progress_line_past_the_budget_has_no_negative_eta():
 
 @pytest.mark.slow
 @pytest.mark.nodes
-def test_a_running_learner_exports_its_progress_and_logs_each_line_once(metrics_head, tmp_path):
+def test_a_running_learner_exports_its_progress_and_logs_each_line_once(metrics_head, prometheus, tmp_path):
+    from cluster.deploy.prometheus import query
     head = metrics_head
     run_name = f"gauges-{int(time.time())}"
     # 3000 is not a whole number of 64-step rounds: the last round overshoots the budget (the negative-ETA case)
@@ -77,6 +96,7 @@ def test_a_running_learner_exports_its_progress_and_logs_each_line_once(metrics_
     reader = threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True)
     reader.start()
     seen: dict[str, float] = {}
+    in_prometheus: list = []  # the learner's env_steps as Prometheus's HTTP API returns it
     charted = dashboard_learner_metrics("lift_pretrain")  # what the dashboard shows of this run must exist
     assert {"env_steps", "eval_return", "updates_per_s"} <= charted, charted
     try:
@@ -87,7 +107,10 @@ def test_a_running_learner_exports_its_progress_and_logs_each_line_once(metrics_
                 value = _value(samples, f"ray_orrery_learner_{metric}", experiment="lift_pretrain", method="lift")
                 if value is not None:
                     seen[metric] = max(seen.get(metric, 0.0), value)
-            if seen.get("env_steps", 0) > 0 and charted <= set(seen):
+            if prometheus is not None and not in_prometheus:
+                in_prometheus = [v for labels, v in query(prometheus, 'ray_orrery_learner_env_steps{experiment='
+                                                          '"lift_pretrain",method="lift"}') if v > 0]
+            if seen.get("env_steps", 0) > 0 and charted <= set(seen) and (prometheus is None or in_prometheus):
                 break
             time.sleep(1)
         assert proc.wait(timeout=max(1.0, deadline - time.monotonic())) == 0, "".join(lines)[-4000:]
@@ -97,6 +120,7 @@ def test_a_running_learner_exports_its_progress_and_logs_each_line_once(metrics_
         reader.join(timeout=30)
     log = "".join(lines)
     assert seen.get("env_steps", 0) > 0 and charted <= set(seen), (charted - set(seen), seen, log[-3000:])
+    assert prometheus is None or in_prometheus, "Prometheus never returned the learner's env_steps"
     progress = [re.sub(r"^.*?(\[lift_pretrain rank0\])", r"\1", ln.strip()) for ln in lines
                 if "[lift_pretrain rank0]" in ln]
     assert progress, log[-3000:]

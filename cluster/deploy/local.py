@@ -305,15 +305,26 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--head-cpus", type=int, default=1)
     parser.add_argument("--cpus", type=int, default=2, help="logical CPUs per worker node")
     parser.add_argument("--gpus", type=int, default=2, help="logical GPUs per worker node (no CUDA needed)")
+    parser.add_argument("--prometheus", action="store_true",
+                        help="also start Prometheus (on PATH, e.g. apt-get install prometheus) scraping every node; "
+                             "the dashboard's Metrics page then queries it")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     token = secrets.token_hex(32)
     temp = Path(tempfile.mkdtemp(prefix="orr-", dir="/tmp"))  # short: Ray's socket paths must fit 107 bytes
-    nodes = [LocalNode.head(temp / "h", num_cpus=args.head_cpus, token=token)]
+    prometheus_port = free_port() if args.prometheus else None
+    head_env = {"RAY_PROMETHEUS_HOST": f"http://127.0.0.1:{prometheus_port}"} if prometheus_port else None
+    nodes = [LocalNode.head(temp / "h", num_cpus=args.head_cpus, token=token, env=head_env)]
+    prometheus = None
     try:
         for i in range(args.workers):
             nodes.append(LocalNode.worker(nodes[0], temp / f"w{i}", num_cpus=args.cpus, num_gpus=args.gpus))
         head = nodes[0]
+        if prometheus_port:
+            from cluster.deploy.prometheus import start_prometheus
+            prometheus = start_prometheus(head, prometheus_port)
+            print(f"Prometheus: http://127.0.0.1:{prometheus_port} (learners: ray_orrery_learner_*, pool: "
+                  f"ray_orrery_pool_*; Grafana dashboard: cluster/deploy/grafana-orrery.json)", flush=True)
         print(f"cluster up: 1 head + {args.workers} worker nodes ({args.cpus} CPUs, {args.gpus} GPUs each)\n"
               f"  export RAY_AUTH_MODE=token RAY_AUTH_TOKEN={token}\n"
               f"  .venv/bin/python -m experiments.run experiment=lift_pretrain env=pendulum scale=rehearsal "
@@ -326,6 +337,8 @@ def main(argv: list[str] | None = None) -> None:
     except KeyboardInterrupt:
         pass
     finally:
+        if prometheus is not None:
+            prometheus.terminate()
         for node in reversed(nodes):
             node.stop()
 
