@@ -27,6 +27,7 @@ def atomic_write_bytes(path: Path, data: bytes) -> Path:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
+        os.chmod(tmp, 0o644)  # mkstemp makes 0600; records are read by whoever checks the study out
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
