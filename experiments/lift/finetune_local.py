@@ -43,7 +43,7 @@ FIXED_STEPS = (250, 500, 1000, 2000, 4000)  # real-step counts at which every me
 def load_stage2(kind: str, task: str, exp: Config, path: Path):
     """The stage-2 world model of ``kind`` saved by the pretraining stage ({"model": state_dict, "metrics": ...})."""
     model = make_world_model(kind, task, exp, exp.wm_pretrain_seed)
-    saved = torch.load(path, weights_only=True)
+    saved = torch.load(path, weights_only=True, map_location="cpu")
     model.load_state_dict(saved["model"])
     return model, saved.get("metrics", {})
 

@@ -102,7 +102,8 @@ class LocalPretrain:
         return self.state["env_steps"] >= self.spec.total_env_steps
 
     def _load_replay(self) -> None:
-        saved = torch.load(self.replay_file, weights_only=False) if self.replay_file.exists() else None
+        saved = (torch.load(self.replay_file, weights_only=False, map_location="cpu") if self.replay_file.exists()
+                 else None)
         if saved is not None and saved.get("env_steps") == self.state["env_steps"]:
             self.buffer.load_state_dict(saved["buffer"])
             self.wm_data = saved["wm_data"]
