@@ -124,14 +124,14 @@ def _report_unit(method: str, change: str, seed: int, tuned_by: str) -> Unit:
 
 
 # Core-seconds of one 16-epoch unit (4000 real steps), measured on this machine while it ran ~20-40 other processes on
-# 2 cores (load average 20-42), so pessimistic: the CPU time of a contended core (a SAC step took 11-12 ms there, 8.8 ms
-# at load 4). Measured from a 14k-step pretraining (the study's start model was not made yet): lift 134 (eval 25,
-# world-model retraining 44, branching + 4520 SAC steps 58), sac_finetune 55 (its policy fell early: evaluation 6 s, a
-# walking policy's is ~25 s), sac_finetune_matched 54 and mbpo_wm 210, both with the retraining at 200 steps before the
-# cut. Derived: mbpo_wm 210 - half its retraining (139) + a walking policy's evaluation; the model-free units + 20 s of
-# evaluation; lift_stochastic and the ablations as lift; sac_deterministic as sac_finetune_matched.
-MEASURED_16_EPOCHS = {"lift": 135.0, "lift_stochastic": 135.0, "lift_prior_only": 135.0, "lift_residual_only": 135.0,
-                      "mbpo_wm": 160.0, "sac_finetune": 75.0, "sac_finetune_matched": 75.0, "sac_deterministic": 75.0}
+# 2 cores (load average 20-42; the last two at ~7), so pessimistic: the CPU time of a contended core (a SAC step took
+# 11-12 ms under load 30-40, 9.5 at 7, 8.8 at 4). Measured from a 14k-step pretraining (the study's start model was
+# not made yet): lift 134 (evaluation 25, world-model retraining 44, branching + 4520 SAC steps 58), sac_finetune 55
+# (its policy fell early: evaluation 6 s, a walking policy's is ~25 s), sac_finetune_matched 54, mbpo_wm 210 (its
+# retraining at 200 steps, before the cut: 139), at load ~7 sac_deterministic 53 and lift_stochastic 95 (evaluation
+# 7). Derived: + ~20 s of evaluation where the policy fell early; mbpo_wm minus half its retraining; the ablations as lift.
+MEASURED_16_EPOCHS = {"lift": 135.0, "lift_stochastic": 115.0, "lift_prior_only": 135.0, "lift_residual_only": 135.0,
+                      "mbpo_wm": 160.0, "sac_finetune": 75.0, "sac_finetune_matched": 75.0, "sac_deterministic": 70.0}
 
 
 def est_cost(method: str, epochs: int) -> float:
