@@ -173,7 +173,7 @@ def run_pretrain(ctx: UnitContext) -> dict | None:
         summary["sac"] = {k: list(v) if isinstance(v, tuple) else v for k, v in summary["sac"].items()}
         ctx.write_json_artifact("pretrain/summary.json", summary)
     exp = exp_config(ctx, wm_eval_every=100, wm_patience=6)  # stage 2 fits to convergence (the defaults)
-    saved = torch.load(replay_file, weights_only=False) if replay_file.exists() else None
+    saved = torch.load(replay_file, weights_only=False, map_location="cpu") if replay_file.exists() else None
     for kind in WM_KINDS:
         path = ctx.artifacts / "stage2" / f"{kind}.pt"
         if path.exists():
@@ -191,7 +191,8 @@ def run_pretrain(ctx: UnitContext) -> dict | None:
         ctx.progress(WM_KINDS.index(kind) + 1, len(WM_KINDS), "world models", **{
             k: float(v) for k, v in metrics.items() if k in ("error_1step", "error_10step")})
     (ctx.artifacts / "pretrain" / "checkpoint.pt").unlink(missing_ok=True)  # the start model supersedes it
-    stage2 = {k: torch.load(ctx.artifacts / "stage2" / f"{k}.pt", weights_only=True)["metrics"] for k in WM_KINDS}
+    stage2 = {k: torch.load(ctx.artifacts / "stage2" / f"{k}.pt", weights_only=True, map_location="cpu")["metrics"]
+              for k in WM_KINDS}
     return {"metrics": {"env_steps": summary["env_steps"], "updates": summary["updates"],
                         "final_eval_return": summary["eval_returns"][-1], "chunks": summary["chunks"],
                         "replay_refills": summary["refills"], "train_falls": summary["falls"],
@@ -208,7 +209,7 @@ def _recollect(ctx: UnitContext, spec) -> dict:
 
     from algos.lift.agent import SACAgent
     from envs.control.rollout import VectorRollout
-    state = torch.load(ctx.artifacts / "pretrain" / "agent.pt", weights_only=True)
+    state = torch.load(ctx.artifacts / "pretrain" / "agent.pt", weights_only=True, map_location="cpu")
     arch = state["arch"]
     agent = SACAgent(arch["obs_dim"], arch["act_dim"], spec.sac_config())
     agent.load_state_dict(state)
@@ -224,7 +225,7 @@ def _policy(ctx: UnitContext):
 
     from algos.lift.agent import SACAgent
     from algos.lift.sac import SACConfig
-    state = torch.load(ctx.artifacts / "pretrain" / "agent.pt", weights_only=True)
+    state = torch.load(ctx.artifacts / "pretrain" / "agent.pt", weights_only=True, map_location="cpu")
     arch = state["arch"]
     agent = SACAgent(arch["obs_dim"], arch["act_dim"], SACConfig(**{**state["config"], "bf16": False}))
     agent.load_state_dict(state)
