@@ -72,6 +72,9 @@ class Slots:
         self.inflight = [0] * num_workers
         self.waiting: dict[str, deque[tuple[int | None, bool, asyncio.Future]]] = {}
         self.turns: deque[str] = deque()  # clients with waiting requests, in the order they are served
+        # A worker kept for a waiting whole-worker request: it gets no new single requests until it is empty, so
+        # a stream of small requests cannot starve a request that must run alone.
+        self.reserved: int | None = None
 
     def pick(self, preferred: int | None, whole: bool = False) -> int | None:
         """The least busy worker a request may use now (its pinned worker while that one is alive), or None."""
@@ -79,8 +82,17 @@ class Slots:
         pin = preferred % n if preferred is not None else None
         candidates = (pin,) if pin is not None and self.state[pin] == ALIVE else range(n)
         room = self.per_worker if whole else 1
-        free = [i for i in candidates if self.state[i] == ALIVE and self.inflight[i] + room <= self.per_worker]
+        free = [i for i in candidates if self.state[i] == ALIVE and self.inflight[i] + room <= self.per_worker
+                and (whole or i != self.reserved)]
         return min(free, key=self.inflight.__getitem__) if free else None
+
+    def _reserve_for_whole(self) -> None:
+        """Keep the least busy alive worker for the whole-worker requests waiting (none waiting: keep none)."""
+        if not any(whole and not f.done() for q in self.waiting.values() for _, whole, f in q):
+            self.reserved = None
+        elif self.reserved is None or self.state[self.reserved] != ALIVE:
+            alive = [i for i, st in enumerate(self.state) if st == ALIVE]
+            self.reserved = min(alive, key=self.inflight.__getitem__) if alive else None
 
     def _take(self, w: int, whole: bool) -> int:
         self.inflight[w] += self.per_worker if whole else 1
@@ -91,6 +103,7 @@ class Slots:
         a request that gets a worker wakes up. Ends once every client still waiting was visited without being
         served, so no waiting request could use a free slot afterwards (a new request that finds one may take it
         without overtaking anyone). A client that had only cancelled requests leaves without counting as a visit."""
+        self._reserve_for_whole()
         unserved = 0
         while self.turns and unserved < len(self.turns):
             client = self.turns.popleft()
@@ -107,6 +120,9 @@ class Slots:
                 queue.remove(entry)
                 future.set_result(self._take(w, whole))
                 served = True
+                if whole:
+                    self.reserved = None
+                    self._reserve_for_whole()
                 break
             if queue:
                 self.turns.append(client)

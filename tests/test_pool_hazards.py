@@ -106,6 +106,37 @@ def test_slots_serve_clients_in_turns_and_strand_no_waiter():
     assert d_served, "a free slot stayed unused while a client waited"
 
 
+def test_a_request_that_must_run_alone_is_not_starved_by_small_ones():
+    """Two slots on one worker: while a request waits for the whole worker (it runs alone after a death), new
+    single requests do not take the slot that comes free; the worker drains and the lone request runs."""
+    async def scenario() -> list[str]:
+        slots = Slots(num_workers=1, slots_per_worker=2)
+        await slots.acquire("A", None)
+        await slots.acquire("A", None)  # both slots busy
+        order: list[str] = []
+
+        async def request(client: str, whole: bool) -> None:
+            w = await slots.acquire(client, None, whole)
+            order.append(client)
+            if not whole:
+                slots.release(w)  # a small request is done at once
+        lone = asyncio.ensure_future(request("W", True))
+        await asyncio.sleep(0)
+        small = [asyncio.ensure_future(request("S", False)) for _ in range(3)]
+        await asyncio.sleep(0)
+        slots.release(0)  # one slot free: a small request would fit, but the worker is kept for W
+        await asyncio.sleep(0)
+        assert order == [], order
+        slots.release(0)  # empty: W runs alone
+        await asyncio.sleep(0)
+        assert order == ["W"], order
+        slots.release(0, whole=True)
+        await asyncio.sleep(0)
+        await asyncio.wait_for(asyncio.gather(lone, *small), timeout=5)
+        return order
+    assert asyncio.run(scenario()) == ["W", "S", "S", "S"]
+
+
 def test_two_waiting_clients_on_one_worker_take_turns(pool_factory):
     """Client A has three maps waiting on the only worker, then client B asks for two requests: B waits for about
     one of A's calls per request of its own (a FIFO would make it wait for all of A's waiting calls each time)."""
