@@ -26,11 +26,11 @@ SIZES = dict(seq_len=200, n_train=4000, n_heldout=500, d_model=64, n_layers=2, n
              curve_samples=64, best_of_n_max=32, min_iterations=50, min_refreshes=10)
 VARIANTS = ("vidd_hybrid", "vidd_alg1", "vidd_hybrid_nodenom", "standard_ft_hybrid", "standard_ft", "ddpo", "ddpp",
             "rw_mle")
-# core-seconds (cpu_s) of one unit, measured at full size on this 2-core machine while ~20 other processes shared it
-# (load 15-40, wall ~10x the CPU time; pessimistic): vidd_hybrid 68, pretrain 54 for 100 of its 800 steps; the others
-# estimated from those and the molecule study's ratios
-COST_S = {"pretrain": 400.0, "best_of_n": 400.0, "vidd_hybrid": 70.0, "vidd_alg1": 75.0, "vidd_hybrid_nodenom": 220.0,
-          "standard_ft_hybrid": 70.0, "standard_ft": 75.0, "ddpo": 140.0, "ddpp": 90.0, "rw_mle": 110.0}
+# core-seconds (cpu_s) of one unit of each kind, measured at full size (tuning units at lr 1e-3) on this 2-core machine
+# while 10-40 other processes shared it (wall time up to ~10x the CPU time; cache contention makes these pessimistic):
+# pretrain 268 (the lane's, 5 calls), best_of_n ~400 (extrapolated from 44 % of its samples), standard_ft as vidd_alg1
+COST_S = {"pretrain": 268.0, "best_of_n": 400.0, "vidd_hybrid": 68.0, "vidd_alg1": 50.0, "vidd_hybrid_nodenom": 105.0,
+          "standard_ft_hybrid": 64.0, "standard_ft": 50.0, "ddpo": 118.0, "ddpp": 49.0, "rw_mle": 75.0}
 
 SPEC = TaskSpec(study="vidd_dna", title="DNA (liver-TF site proxy), 2048 oracle queries", task="dna",
                 reward="motif_sites", reward_name="site proxy (JASPAR2024 training oracle)", sizes=SIZES,
