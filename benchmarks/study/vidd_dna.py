@@ -28,9 +28,9 @@ VARIANTS = ("vidd_hybrid", "vidd_alg1", "vidd_hybrid_nodenom", "standard_ft_hybr
             "rw_mle")
 # core-seconds (cpu_s) of one unit of each kind, measured at full size (tuning units at lr 1e-3) on this 2-core machine
 # while 10-40 other processes shared it (wall time up to ~10x the CPU time; cache contention makes these pessimistic):
-# pretrain 268 (the lane's, 5 calls), best_of_n ~400 (extrapolated from 44 % of its samples), standard_ft as vidd_alg1
+# pretrain 268 (the lane's, 5 calls), best_of_n ~400 (extrapolated from 44 % of its samples)
 COST_S = {"pretrain": 268.0, "best_of_n": 400.0, "vidd_hybrid": 68.0, "vidd_alg1": 50.0, "vidd_hybrid_nodenom": 105.0,
-          "standard_ft_hybrid": 64.0, "standard_ft": 50.0, "ddpo": 118.0, "ddpp": 49.0, "rw_mle": 75.0}
+          "standard_ft_hybrid": 64.0, "standard_ft": 53.0, "ddpo": 118.0, "ddpp": 49.0, "rw_mle": 75.0}
 
 SPEC = TaskSpec(study="vidd_dna", title="DNA (liver-TF site proxy), 2048 oracle queries", task="dna",
                 reward="motif_sites", reward_name="site proxy (JASPAR2024 training oracle)", sizes=SIZES,
