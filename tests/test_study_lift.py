@@ -75,6 +75,7 @@ def test_pretraining_stage_resumes_and_makes_the_start_model(tiny_study):
     assert record["calls"] == 2
 
 
+@pytest.mark.slow
 def test_gate_and_method_units_and_report(tiny_study):
     root, _ = tiny_study
     gate = run_unit_inline(STUDY, "gate-friction", root, overrides=TINY)
