@@ -7,7 +7,6 @@ import math
 
 import pytest
 import torch
-from torch import nn
 
 from algos.vidd.mdlm import (
     DenoiserConfig,
@@ -28,21 +27,9 @@ from algos.vidd.sampling import (
     step_times,
 )
 
+from tests.helpers import TableDenoiser  # ignores its input: the sampler's law is prod_l softmax(logits[l])
+
 torch.set_num_threads(1)
-
-
-class FactorizedDenoiser(nn.Module):
-    """Ignores its input: ``p(x0^l | x_t) = softmax(logits[l])``, so the sampler's law is exactly
-    ``prod_l softmax(logits[l])[x_l]`` for any T, and the NELBO has a closed form."""
-
-    def __init__(self, logits: torch.Tensor) -> None:
-        super().__init__()
-        self.seq_len, self.vocab_size = logits.shape
-        self.mask_id = self.vocab_size
-        self.logits = nn.Parameter(logits.clone())
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.logits.expand(x.shape[0], -1, -1)
 
 
 def tiny_denoiser(vocab_size: int = 3, seq_len: int = 4, seed: int = 0, scale: float = 3.0) -> MaskedDenoiser:
@@ -123,7 +110,7 @@ def test_greedy_decoding_completes_and_conditions_on_its_choices():
     # revealing everything in one pass is exactly the one-step argmax prediction
     assert torch.equal(denoise_greedy(model, x, tokens_per_step=6), denoise_one_step(model, x))
     # an input-independent denoiser has nothing to condition on: both decoders agree
-    table = FactorizedDenoiser(torch.randn(6, 5, generator=torch.Generator().manual_seed(0)))
+    table = TableDenoiser(torch.randn(6, 5, generator=torch.Generator().manual_seed(0)))
     assert torch.equal(denoise_greedy(table, x, 1), denoise_one_step(table, x))
     with pytest.raises(ValueError, match="tokens_per_step"):
         denoise_greedy(model, x, 0)
@@ -196,7 +183,7 @@ def test_reverse_log_prob_marginalises_to_exact_distribution():
 def test_nelbo_is_tight_for_a_factorised_model():
     """For an input-independent denoiser, NLL = -sum_l log q_l(x_l) and NELBO = (1 - eps) * NLL."""
     logits = torch.randn(5, 4, generator=torch.Generator().manual_seed(1))
-    model = FactorizedDenoiser(logits)
+    model = TableDenoiser(logits)
     x0 = torch.randint(0, 4, (256, 5), generator=torch.Generator().manual_seed(2))
     nll = -logits.log_softmax(-1)[torch.arange(5), x0].sum(-1)
     bound = nelbo(model, x0, n_time_samples=256, generator=torch.Generator().manual_seed(3))
