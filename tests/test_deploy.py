@@ -194,3 +194,33 @@ def test_free_ports_differ_even_when_the_os_reuses_a_closed_port(monkeypatch):
     ports = local.free_ports(12)
     assert len(set(ports)) == 12, ports
     assert not set(local.free_ports(12)) & set(ports), "the second node gets other ports than the first"
+
+
+def test_a_node_that_times_out_during_startup_is_started_again():
+    """Ray gives a raylet a fixed 30 s to register; on a loaded machine that fails now and then. The local deploy
+    helper starts such a node again (bounded), and fails at once on any other error."""
+    from cluster.deploy import local
+    calls = []
+
+    def flaky():
+        calls.append(1)
+        if len(calls) < local.STARTUP_ATTEMPTS:
+            raise RuntimeError("ray start exited with 1 before node registration; log:\nException: The current node "
+                               "timed out during startup. This could happen because ...")
+        return "node"
+
+    assert local._retry_startup(flaky) == "node" and len(calls) == local.STARTUP_ATTEMPTS
+    calls.clear()
+    with pytest.raises(RuntimeError, match="timed out during startup"):
+        local._retry_startup(lambda: calls.append(1) or (_ for _ in ()).throw(
+            RuntimeError("The current node timed out during startup")))
+    assert len(calls) == local.STARTUP_ATTEMPTS
+    calls.clear()
+
+    def broken():
+        calls.append(1)
+        raise RuntimeError("ray start exited with 1 before dashboard; log:\nport in use")
+
+    with pytest.raises(RuntimeError, match="port in use"):
+        local._retry_startup(broken)
+    assert len(calls) == 1

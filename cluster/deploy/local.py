@@ -67,6 +67,23 @@ def free_port() -> int:
     return free_ports(1)[0]
 
 
+# Ray gives a starting raylet a fixed 30 s to register with the GCS; a busy 2-core machine sometimes misses it
+# ("The current node timed out during startup"). That is load, not a fault: start the node again.
+_STARTUP_TIMEOUT = "timed out during startup"
+STARTUP_ATTEMPTS = 3
+
+
+def _retry_startup(start):
+    for attempt in range(1, STARTUP_ATTEMPTS + 1):
+        try:
+            return start()
+        except RuntimeError as e:
+            if _STARTUP_TIMEOUT not in str(e) or attempt == STARTUP_ATTEMPTS:
+                raise
+            log.warning("ray start: the node timed out during startup (attempt %d of %d); starting it again",
+                        attempt, STARTUP_ATTEMPTS)
+
+
 def ray_executable() -> str:
     """The ``ray`` CLI of *this* interpreter's environment: nodes run the same Python as the caller."""
     return str(Path(sys.executable).with_name("ray"))
@@ -105,16 +122,20 @@ class LocalNode:
              resources: dict[str, float] | None = None, token: str | None = None,
              object_store_mb: int = 256, env: dict[str, str] | None = None, timeout_s: float = 120.0) -> "LocalNode":
         """Start a head node with a dashboard on 127.0.0.1 and wait until its dashboard answers."""
-        names = _HEAD_PORTS + _NODE_PORTS + ("dashboard_metrics", "autoscaler_metrics")
-        ports = dict(zip(names, free_ports(len(names))))
-        # The head's own metrics servers have fixed default ports (44227, 44217): give them free ones too.
-        env = {"DASHBOARD_METRIC_PORT": str(ports["dashboard_metrics"]),
-               "AUTOSCALER_METRIC_PORT": str(ports["autoscaler_metrics"]), **(env or {})}
-        args = ["--head", f"--port={ports['gcs']}", "--include-dashboard=true", "--dashboard-host=127.0.0.1",
-                f"--dashboard-port={ports['dashboard']}", f"--ray-client-server-port={ports['ray_client_server']}"]
-        node = cls._start(temp_dir, args, ports, f"127.0.0.1:{ports['gcs']}", num_cpus, num_gpus, resources, token,
-                          object_store_mb, env)
-        node._wait(lambda: node._dashboard_up() and node.alive_nodes() >= 1, timeout_s, "dashboard")
+        def start() -> "LocalNode":
+            names = _HEAD_PORTS + _NODE_PORTS + ("dashboard_metrics", "autoscaler_metrics")
+            ports = dict(zip(names, free_ports(len(names))))
+            # The head's own metrics servers have fixed default ports (44227, 44217): give them free ones too.
+            node_env_extra = {"DASHBOARD_METRIC_PORT": str(ports["dashboard_metrics"]),
+                              "AUTOSCALER_METRIC_PORT": str(ports["autoscaler_metrics"]), **(env or {})}
+            args = ["--head", f"--port={ports['gcs']}", "--include-dashboard=true", "--dashboard-host=127.0.0.1",
+                    f"--dashboard-port={ports['dashboard']}", f"--ray-client-server-port={ports['ray_client_server']}"]
+            node = cls._start(temp_dir, args, ports, f"127.0.0.1:{ports['gcs']}", num_cpus, num_gpus, resources,
+                              token, object_store_mb, node_env_extra)
+            node._wait(lambda: node._dashboard_up() and node.alive_nodes() >= 1, timeout_s, "dashboard")
+            return node
+
+        node = _retry_startup(start)
         recorded = node.temp_dir / "ray_current_cluster"  # the GCS address as Ray resolved it (the node's IP)
         if recorded.exists():
             node.head_address = recorded.read_text().strip() or node.head_address
@@ -125,13 +146,17 @@ class LocalNode:
                resources: dict[str, float] | None = None, object_store_mb: int = 256,
                timeout_s: float = 120.0) -> "LocalNode":
         """Join ``head`` as another node (its own temp dir and ports); returns once the cluster lists it."""
-        ports = dict(zip(_NODE_PORTS, free_ports(len(_NODE_PORTS))))
-        before = head.alive_nodes()
         token = head.env.get("RAY_AUTH_TOKEN")
-        node = cls._start(temp_dir, [f"--address={head.head_address}"], ports, head.head_address, num_cpus,
-                          num_gpus, resources, token, object_store_mb, head.extra_env)
-        node._wait(lambda: head.alive_nodes() > before, timeout_s, "node registration")
-        return node
+
+        def start() -> "LocalNode":
+            ports = dict(zip(_NODE_PORTS, free_ports(len(_NODE_PORTS))))
+            before = head.alive_nodes()
+            node = cls._start(temp_dir, [f"--address={head.head_address}"], ports, head.head_address, num_cpus,
+                              num_gpus, resources, token, object_store_mb, head.extra_env)
+            node._wait(lambda: head.alive_nodes() > before, timeout_s, "node registration")
+            return node
+
+        return _retry_startup(start)
 
     @classmethod
     def _start(cls, temp_dir: str | Path, args: list[str], ports: dict[str, int], head_address: str,
