@@ -418,12 +418,16 @@ def status_rows(which: str, paths: Paths) -> list[dict]:
             measured.setdefault((r["role"], r["method"]), []).append(r["cpu_s"])
             measured.setdefault((r["role"],), []).append(r["cpu_s"])
         left = 0.0
+        in_progress = []
         for u in pending:
             costs = measured.get((u.role, u.method)) or measured.get((u.role,))
             cost = sum(costs) / len(costs) if costs and u.role != "stage" else u.est_core_s
             sidecar = paths.stage_sidecar(study.name, u.name)
             if sidecar.exists():
-                cost = max(0.0, cost - json.loads(sidecar.read_text())["cpu_s"])
+                spent_so_far = json.loads(sidecar.read_text())
+                cost = max(0.0, cost - spent_so_far["cpu_s"])
+                in_progress.append(f"{u.name}: {spent_so_far['calls']} call(s), "
+                                   f"{spent_so_far['cpu_s'] / 3600:.2f} core-h so far")
             left += cost
         ready, waiting = runnable(study, paths, set())
         failed = [u.name for u in pending if paths.failure(study.name, u.name).exists()]
@@ -433,7 +437,7 @@ def status_rows(which: str, paths: Paths) -> list[dict]:
                      "failed_here": failed, "core_h_left": left / 3600,
                      "core_h_spent": sum(r["cpu_s"] for r in records) / 3600,
                      "report_done": sum(u.name in by_name for u in reported), "report_units": len(reported),
-                     "start_sha": (start_sha(study, paths) or "-")[:12]})
+                     "start_sha": (start_sha(study, paths) or "-")[:12], "stages": in_progress})
     return rows
 
 
@@ -448,7 +452,8 @@ def format_status(rows: list[dict]) -> str:
         lines.append(f"{r['study']:<15}{r['done']:>5}/{r['units']:<4}{r['pending']:>9}{r['runnable']:>10}"
                      f"{r['report_done']:>5}/{r['report_units']:<4}{r['core_h_spent']:>14.2f}{r['core_h_left']:>13.2f}"
                      f"  {r['start_sha']}" + (f"  failed here: {', '.join(r['failed_here'])}" if r["failed_here"]
-                                                else ""))
+                                                else "")
+                     + (f"  stage in progress: {'; '.join(r['stages'])}" if r["stages"] else ""))
     total = sum(r.get("core_h_left", 0.0) for r in rows)
     lines.append(f"core-hours left in all: {total:.2f} (measured cost per role and method where units finished, "
                  "declared estimates elsewhere)")
