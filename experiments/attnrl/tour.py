@@ -28,6 +28,7 @@ TOUR = TourPart(
 STUDY_POINTER = ("one seed, a smoke run; the claim is tested on the cone task, seeds 10-14, against GRPO and entropy "
                  "branching in benchmarks/RESULTS.md (`python -m benchmarks.study attnrl report`)")
 
+
 def section(stages, out: Path) -> tuple[list[str], list[dict], list[str]]:
     (st,) = stages
     lines, claims, plots = ["## AttnRL (attention-guided process-supervised RL)", ""], [], []

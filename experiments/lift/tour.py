@@ -37,6 +37,7 @@ TOUR = TourPart(
 STUDY_POINTER = ("one seed, a smoke run; the claim is tested on Walker2d, seeds 10-14, in benchmarks/RESULTS.md "
                  "('LIFT finetuning on Walker2d', `python -m benchmarks.study lift report`)")
 
+
 def section(stages, out: Path) -> tuple[list[str], list[dict], list[str]]:
     pre, fin = stages
     lines, claims, plots = ["## LIFT (humanoid-control recipe on a fast MuJoCo task)", ""], [], []
