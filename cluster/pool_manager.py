@@ -512,7 +512,7 @@ class PoolManager:
         stats["samples"] += n
         stats["busy_s"] += seconds
         self._learn_speed(m.key, requests, seconds)
-        self.metrics.served(m.sampler, n, seconds)
+        self.metrics.served(m.sampler, requests, n, seconds)
 
     async def _watch_driver(self, m: _Map, token: ray.ObjectRef) -> None:
         """End the map once its driver has exited, which takes its objects (``token``) with it: Ray does not cancel

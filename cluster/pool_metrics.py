@@ -56,13 +56,15 @@ class PoolMetrics:
         self.window = RateWindow(30.0)
         self.refresher: asyncio.Task | None = None
 
-    def served(self, sampler: str, n: int, seconds: float) -> None:
+    def served(self, sampler: str, requests: int, n: int, seconds: float) -> None:
+        """One call of ``requests`` requests (a batch shares its call's seconds) that produced ``n`` samples."""
         now = time.time()
         self.window.add(now, n)
         tags = {**self.tags, "sampler": sampler}
-        self.requests.inc(1, tags=tags)
+        self.requests.inc(requests, tags=tags)
         self.samples.inc(n, tags=tags)
-        self.latency.observe(seconds, tags=tags)
+        for _ in range(requests):  # a request's latency is its call's, so the histogram counts requests too
+            self.latency.observe(seconds, tags=tags)
         self.rate.set(self.window.rate(now), tags=self.tags)
 
     def retry(self) -> None:
