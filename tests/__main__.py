@@ -16,30 +16,25 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-# Each test belongs to exactly one lane (the three expressions partition every marker combination).
-LANES = (("the tests on the session cluster", "cluster and not nodes and not second_session"),
-         ("the tests that start their own ray nodes", "nodes"),
-         ("unit and learning tests, and LIFT's cluster tests on a second session cluster",
-          "not nodes and (not cluster or second_session)"))
+LANES = (("the tests on the session cluster", "cluster and not nodes"),
+         ("all other tests", "not cluster or nodes"))
 
 
 def main(argv: list[str]) -> int:
     pytest = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider"]
     if argv:
         return subprocess.call([*pytest, *argv], cwd=ROOT)
-    logs = [tempfile.TemporaryFile("w+") for _ in LANES[1:]]
-    others = [subprocess.Popen([*pytest, "-q", "--durations=10", "-m", expr, "tests"], cwd=ROOT, stdout=log,
-                               stderr=subprocess.STDOUT) for (_, expr), log in zip(LANES[1:], logs)]
-    print(f"=== {LANES[0][0]} (-m '{LANES[0][1]}'); the other lanes run beside them ===", flush=True)
-    codes = [subprocess.call([*pytest, "-q", "--durations=10", "-m", LANES[0][1], "tests"], cwd=ROOT)]
-    for (name, expr), proc, log in zip(LANES[1:], others, logs):
-        codes.append(proc.wait())
-        log.seek(0)
-        print(f"\n=== {name} (-m '{expr}') ===", flush=True)
-        sys.stdout.write(log.read())
-        log.close()
-    print("; ".join(f"{name}: exit {code}" for (name, _), code in zip(LANES, codes)), flush=True)
-    return next((code for code in codes if code), 0)
+    with tempfile.TemporaryFile("w+") as other_log:
+        other = subprocess.Popen([*pytest, "-q", "--durations=10", "-m", LANES[1][1], "tests"], cwd=ROOT,
+                                 stdout=other_log, stderr=subprocess.STDOUT)
+        print(f"=== {LANES[0][0]} (-m '{LANES[0][1]}'); {LANES[1][0]} run beside them ===", flush=True)
+        first = subprocess.call([*pytest, "-q", "--durations=10", "-m", LANES[0][1], "tests"], cwd=ROOT)
+        second = other.wait()
+        other_log.seek(0)
+        print(f"\n=== {LANES[1][0]} (-m '{LANES[1][1]}') ===", flush=True)
+        sys.stdout.write(other_log.read())
+    print(f"{LANES[0][0]}: exit {first}; {LANES[1][0]}: exit {second}", flush=True)
+    return first or second
 
 
 if __name__ == "__main__":

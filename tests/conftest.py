@@ -44,9 +44,6 @@ except ImportError:  # pragma: no cover
 CLUSTER_FIXTURES = frozenset({"ray_cluster", "pool_factory", "pool_name", "local_nodes"})
 # A test that uses one of these trains a model first (unless cached): `slow`.
 TRAINING_FIXTURES = frozenset({"sft_policy"})
-# Session-cluster tests that `python -m tests` runs beside the unit tests, on a second session cluster, so that its
-# three lanes take about equally long (tests/__main__.py).
-SECOND_SESSION_MODULES = frozenset({"test_lift_pretrain.py", "test_lift_finetune.py"})
 
 
 def pytest_collection_modifyitems(config, items):
@@ -56,8 +53,6 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.cluster)
         if "local_nodes" in fixtures:
             item.add_marker(pytest.mark.nodes)
-        elif CLUSTER_FIXTURES & fixtures and item.path.name in SECOND_SESSION_MODULES:
-            item.add_marker(pytest.mark.second_session)
         if (CLUSTER_FIXTURES | TRAINING_FIXTURES) & fixtures:
             item.add_marker(pytest.mark.slow)
 
