@@ -13,14 +13,14 @@ TOUR = TourPart(
     stages=(
         TourStage("ecit",
                   overrides=("experiment.ns=[1000,4000]", "experiment.reps=20", "experiment.full_max_n=1000"),
-                  tiny=("experiment.ns=[600]", "experiment.reps=4", "experiment.subset_size=200",
-                        "experiment.full_max_n=600")),
+                  tiny=("experiment.ns=[400]", "experiment.reps=3", "experiment.subset_size=100",
+                        "experiment.full_max_n=400")),
         TourStage("ecit_pc",
                   overrides=("experiment.data={kind:sem,n:1200,d:5,degree:2.0,sem:nonlinear,noise:t3}",
                              "experiment.graphs=1", "experiment.subset_size=300", "experiment.max_k=1",
                              "experiment.full_max_n=1200"),
-                  tiny=("experiment.data={kind:sem,n:600,d:4,degree:1.5,sem:nonlinear,noise:t3}",
-                        "experiment.subset_size=200", "experiment.full_max_n=600")),
+                  tiny=("experiment.data={kind:sem,n:400,d:4,degree:1.5,sem:nonlinear,noise:t3}",
+                        "experiment.subset_size=100", "experiment.full_max_n=400")),
     ),
     section="experiments.ecit.tour:section",
     paper_scale="python -m experiments.run experiment=ecit \"experiment.ns=[1000,4000,16000,100000]\" "
