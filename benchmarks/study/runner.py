@@ -292,7 +292,8 @@ def run_lane(which: str, paths: Paths, max_units: int | None = None, commit: boo
             _, ref, study, unit = min(spent, key=lambda s: s[0])
             choice = (ref, study, unit)
         if choice is None:
-            if waiting and any(claimed(p) for p in (paths.work_root / "claims").glob("*/*.claim")):
+            # only a unit of one of this lane's studies can unblock them (another study's claim would keep it here)
+            if waiting and any(claimed(p) for _, st in studies for p in (paths.work_root / "claims" / st.name).glob("*.claim")):
                 time.sleep(WAIT_S)  # another lane is making what the rest waits on
                 continue
             log.info("nothing left to run here (%d unit(s) wait on units that failed or are not runnable)", waiting)
