@@ -293,7 +293,8 @@ def run_lane(which: str, paths: Paths, max_units: int | None = None, commit: boo
             choice = (ref, study, unit)
         if choice is None:
             # only a unit of one of this lane's studies can unblock them (another study's claim would keep it here)
-            if waiting and any(claimed(p) for _, st in studies for p in (paths.work_root / "claims" / st.name).glob("*.claim")):
+            mine = [p for _, st in studies for p in (paths.work_root / "claims" / st.name).glob("*.claim")]
+            if waiting and any(claimed(p) for p in mine):
                 time.sleep(WAIT_S)  # another lane is making what the rest waits on
                 continue
             log.info("nothing left to run here (%d unit(s) wait on units that failed or are not runnable)", waiting)
