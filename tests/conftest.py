@@ -63,28 +63,19 @@ def pytest_collection_modifyitems(config, items):
 def ray_cluster(tmp_path_factory):
     """A real local Ray cluster: 2 CPUs and one declared GPU (to check fractional-GPU placement)."""
     import ray
-    from cluster.deploy.local import free_port
+    from cluster.deploy.local import free_port, retry_startup
     if ray.is_initialized():
         ray.shutdown()
     temp = Path("/tmp") / f"orrery-ray-{uuid.uuid4().hex[:6]}"  # short: Ray's socket paths must fit 107 chars
     # With the dashboard, as every real cluster has it: Ray Train's placement-group cleaner asks the State API
     # (served by the dashboard) whether a learner's controller died; without it a learner killed mid-fit (a PBT
     # exploit, a killed trial) keeps its workers' CPUs reserved for the rest of the session.
-    from cluster.deploy.local import STARTUP_ATTEMPTS
-
-    for attempt in range(1, STARTUP_ATTEMPTS + 1):
-        try:
-            ctx = ray.init(address="local", num_cpus=2, num_gpus=1, include_dashboard=True,
-                           dashboard_port=free_port(), object_store_memory=256 * 1024 * 1024, _temp_dir=str(temp),
-                           namespace="orrery",
-                           runtime_env={"env_vars": {"PYTHONPATH": str(ROOT), "RAY_AUTH_MODE": "disabled"}},
-                           log_to_driver=False)
-            break
-        except Exception as e:  # noqa: BLE001 - Ray raises a bare Exception for it
-            # Ray's fixed 30 s raylet registration window, missed on a loaded 2-core machine: start again
-            if "timed out during startup" not in str(e) or attempt == STARTUP_ATTEMPTS:
-                raise
-            ray.shutdown()
+    # again if it misses Ray's 30 s registration window, as a loaded machine sometimes does
+    ctx = retry_startup(lambda: ray.init(
+        address="local", num_cpus=2, num_gpus=1, include_dashboard=True, dashboard_port=free_port(),
+        object_store_memory=256 * 1024 * 1024, _temp_dir=str(temp), namespace="orrery",
+        runtime_env={"env_vars": {"PYTHONPATH": str(ROOT), "RAY_AUTH_MODE": "disabled"}}, log_to_driver=False),
+        cleanup=ray.shutdown)
     yield ctx
     ray.shutdown()
 

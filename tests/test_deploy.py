@@ -209,10 +209,10 @@ def test_a_node_that_times_out_during_startup_is_started_again():
                                "timed out during startup. This could happen because ...")
         return "node"
 
-    assert local._retry_startup(flaky) == "node" and len(calls) == local.STARTUP_ATTEMPTS
+    assert local.retry_startup(flaky) == "node" and len(calls) == local.STARTUP_ATTEMPTS
     calls.clear()
     with pytest.raises(RuntimeError, match="timed out during startup"):
-        local._retry_startup(lambda: calls.append(1) or (_ for _ in ()).throw(
+        local.retry_startup(lambda: calls.append(1) or (_ for _ in ()).throw(
             RuntimeError("The current node timed out during startup")))
     assert len(calls) == local.STARTUP_ATTEMPTS
     calls.clear()
@@ -222,5 +222,5 @@ def test_a_node_that_times_out_during_startup_is_started_again():
         raise RuntimeError("ray start exited with 1 before dashboard; log:\nport in use")
 
     with pytest.raises(RuntimeError, match="port in use"):
-        local._retry_startup(broken)
+        local.retry_startup(broken)
     assert len(calls) == 1

@@ -28,7 +28,7 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, TypeVar
 
 log = logging.getLogger(__name__)
 
@@ -70,18 +70,24 @@ def free_port() -> int:
 # Ray gives a starting raylet a fixed 30 s to register with the GCS; a busy 2-core machine sometimes misses it
 # ("The current node timed out during startup"). That is load, not a fault: start the node again.
 _STARTUP_TIMEOUT = "timed out during startup"
+T = TypeVar("T")
 STARTUP_ATTEMPTS = 3
 
 
-def _retry_startup(start):
-    for attempt in range(1, STARTUP_ATTEMPTS + 1):
+def retry_startup(start: Callable[[], T], cleanup: Callable[[], None] | None = None) -> T:
+    """``start()``, again (after ``cleanup()``) while it fails only by missing Ray's registration window; any other
+    error, or the last attempt's, is raised at once. Ray raises that one as a bare Exception from ``ray.init``."""
+    for attempt in range(1, STARTUP_ATTEMPTS):
         try:
             return start()
-        except RuntimeError as e:
-            if _STARTUP_TIMEOUT not in str(e) or attempt == STARTUP_ATTEMPTS:
+        except Exception as e:  # noqa: BLE001 - told apart by its message below
+            if _STARTUP_TIMEOUT not in str(e):
                 raise
             log.warning("ray start: the node timed out during startup (attempt %d of %d); starting it again",
                         attempt, STARTUP_ATTEMPTS)
+            if cleanup is not None:
+                cleanup()
+    return start()
 
 
 def ray_executable() -> str:
@@ -135,7 +141,7 @@ class LocalNode:
             node._wait(lambda: node._dashboard_up() and node.alive_nodes() >= 1, timeout_s, "dashboard")
             return node
 
-        node = _retry_startup(start)
+        node = retry_startup(start)
         recorded = node.temp_dir / "ray_current_cluster"  # the GCS address as Ray resolved it (the node's IP)
         if recorded.exists():
             node.head_address = recorded.read_text().strip() or node.head_address
@@ -156,7 +162,7 @@ class LocalNode:
             node._wait(lambda: head.alive_nodes() > before, timeout_s, "node registration")
             return node
 
-        return _retry_startup(start)
+        return retry_startup(start)
 
     @classmethod
     def _start(cls, temp_dir: str | Path, args: list[str], ports: dict[str, int], head_address: str,
