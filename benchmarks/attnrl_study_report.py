@@ -77,7 +77,7 @@ def gate_lines(gate: dict | None) -> list[str]:
     if gate is None:
         return ["**FCI gate: not run yet.** No RL unit runs before it."]
     m, dec = gate["metrics"], gate["decision"]
-    lines = [f"**FCI gate** (`gate` unit, delta = {m['delta']}): the SFT model's responses to "
+    lines = [f"**First gate** (`gate` unit, resampling influence, delta = {m['delta']}): the SFT model's responses to "
              f"{m['problems_per_difficulty']} problems per difficulty (kept, line count matching the program: "
              + ", ".join(f"{d} steps: {n}" for d, n in m["responses_kept"].items()) +
              f") are branched at every computation step after the first, {m.get('continuations', 4)} continuations "
@@ -119,14 +119,68 @@ def gate_lines(gate: dict | None) -> list[str]:
     how = "; ".join(f"FCI - {k}: {_signed(o[f'fci_minus_{k}'])}, " + (
         "worse" if o[f"fci_minus_{k}"][2] < 0 else "ahead" if o[f"fci_minus_{k}"][1] > 0 else "not separable at this "
         "precision") for k in ("earliest", "random"))
-    verdict = ("**FCI beats both** (both paired intervals above 0): the RL units run." if m["fci_beats_both"] else
-               f"**FCI does not beat both** ({how}): the gate reads this as a task that leaves the mechanism no "
-               "room, so the RL units refuse to run and the task has to change before RL seeds are spent (no AttnRL "
-               "claim is read from this study). Where an interval spans 0, the measurement could not separate the "
+    verdict = ("**FCI beats both** (both paired intervals above 0)." if m["fci_beats_both"] else
+               f"**FCI does not beat both** ({how}). Where an interval spans 0, the measurement could not separate the "
                "orderings: \"no room\" then means \"no room this measurement can see\", not a shown absence.")
     if not m.get("enough_responses", True):
         verdict += " Caution: some difficulty has fewer than 24 usable responses."
     return lines + ["", verdict]
+
+
+def gate_probe_lines(probe: dict | None) -> list[str]:
+    """The second look (``gate-probe`` unit): influence by forced result changes, on the study task and on variants
+    whose distractors are dead ends, with the per-head view of the attention."""
+    if probe is None:
+        return []
+    lines = [f"**Second look** (`gate-probe` unit, same SFT model, delta = {probe['delta']}): a step's influence "
+             "measured by forcing its written result to other values and letting the model finish greedily (share of "
+             "forced values that change the answer line). Unlike resampling, this needs no model error, so every "
+             "response counts and the measurement is nearly noise-free. Besides the study task, two variants whose "
+             "distractors are read by nothing (dead ends: attention to them has no reason to exist; such programs are "
+             "a subset of those the model was trained on):", "",
+             "| task | responses | influence: cone / distractor steps | FCI | earliest first | random | "
+             "FCI - earliest | FCI - random | FCI beats both |", "|---|---|---|---|---|---|---|---|---|"]
+    for name, v in probe["variants"].items():
+        o, im = v["decision"]["overall"], v["intervention_mean"]
+        cells = [_signed(o[k]) for k in ("fci", "earliest", "random", "fci_minus_earliest", "fci_minus_random")]
+        shares = " / ".join("n/a" if im[k] is None else f"{im[k]:.2f}" for k in ("cone", "distractor"))
+        lines.append(f"| {name} (`{v['task']}`) | {o['responses']} | {shares} | "
+                     + " | ".join(cells) + f" | {'yes' if v['decision']['fci_beats_both'] else 'no'} |")
+    heads = probe["variants"].get("study_task", next(iter(probe["variants"].values())))["heads"]
+    per_head = {k: v for k, v in heads.items() if k.startswith("L")}
+    best = max(per_head, key=per_head.get) if per_head else None
+    lines += ["", "Which attention sees the dependency? On the reference solutions of the study task, mean "
+                  "per-problem Spearman of each head's column sum (attention later steps pay to a step) with the step's "
+                  "membership in the answer's cone: " + ", ".join(f"{k} {v:+.3f}" for k, v in heads.items()) +
+              (f". The best single head ({best}, {per_head[best]:+.3f})" if best else "") +
+              " is what a per-head FCI could at most reach here."]
+    return lines
+
+
+def deciding_gate_lines(gate: dict | None, name: str) -> list[str]:
+    """The gate the RL units wait on (benchmarks/study/attnrl.py: GATE2)."""
+    if gate is None:
+        return [f"**Deciding gate** (`{name}`): not run yet. No RL unit runs before it."]
+    m, g, dec = gate["metrics"], gate["gate"], gate["decision"]
+    im = gate["intervention_mean"]
+    lines = [f"**Deciding gate** (`{name}` unit, declared after the second look and before it ran): the second look's "
+             f"measure on fresh problems (seed {g['seed']}), {g['problems']} per difficulty (kept: "
+             + ", ".join(f"{d} steps: {n}" for d, n in m["responses_kept"].items()) +
+             f"), {g['interventions']} forced values per step, the random ordering's chance level averaged over "
+             f"{g['random_draws']} permutations per response; delta = {m['delta']}. Forced changes move the answer "
+             f"at {im['cone'] or 0:.2f} of cone steps and {im['distractor'] or 0:.2f} of distractor steps.", "",
+             "| difficulty | responses | FCI | earliest first | random | FCI - earliest | FCI - random |",
+             "|---|---|---|---|---|---|---|"]
+    for label, r in [("all", dec["overall"])] + list(dec["by_difficulty"].items()):
+        cells = [_signed(r[k]) for k in ("fci", "earliest", "random", "fci_minus_earliest", "fci_minus_random")]
+        lines.append(f"| {label} | {r['responses']} | " + " | ".join(cells) + " |")
+    lines += ["", "Other deltas (all difficulties): " + "; ".join(
+        f"delta {d}: FCI {_signed(r['fci'])}, FCI - earliest {_signed(r['fci_minus_earliest'])}, FCI - random "
+        f"{_signed(r['fci_minus_random'])}" for d, r in gate["other_deltas"].items()) + "."]
+    lines.append("")
+    lines.append("**FCI beats both: the RL units run.**" if m["fci_beats_both"] else
+                 "**FCI does not beat both: the RL units refuse to run** (no AttnRL claim is read from this study).")
+    return lines
 
 
 def tuning_lines(records: list[dict]) -> list[str]:
@@ -310,7 +364,7 @@ def reading_lines(gate: dict | None, stats: dict, done: int, planned: int) -> li
 def report(records: list[dict], out_dir: Path) -> str:
     from benchmarks.study import attnrl as study
     units = {r["unit"]: r for r in records}
-    sft, gate = units.get("sft"), units.get("gate")
+    sft, gate, decider = units.get("sft"), units.get("gate"), units.get(study.DECIDING_GATE)
     planned = sum(u.role == "report" for u in study.units())
     tokens = study.TOKENS
     parts = [TITLE, "",
@@ -326,6 +380,10 @@ def report(records: list[dict], out_dir: Path) -> str:
              f"Tuning seed(s) {list(study.TUNING_SEEDS)}, lr grid {list(study.LR_GRID)}; reported seeds 10-14 (oracle "
              "and the two AttnRL ablations: 10-11).", ""]
     parts += sft_lines(sft, gate) + [""] + gate_lines(gate) + [""]
+    probe = gate_probe_lines(units.get("gate-probe"))
+    if probe:
+        parts += probe + [""]
+    parts += deciding_gate_lines(decider, study.DECIDING_GATE) + [""]
     tl = tuning_lines(records)
     if tl:
         parts += tl + [""]
@@ -342,7 +400,7 @@ def report(records: list[dict], out_dir: Path) -> str:
         parts += ["No reported RL unit has finished yet.", ""]
     done = sum(r["role"] == "report" for r in records)
     parts += cost_lines(records, study.units()) + [""]
-    parts += reading_lines(gate, stats, done, planned)
+    parts += reading_lines(decider, stats, done, planned)
     parts += ["", "Previous round (chain task, 1-4 steps, seeds 0-2, lr tuned on GRPO seed 0): AttnRL 0.640, GRPO "
                   "0.655, entropy branching 0.627, all tied; short traces fix the branch points, which is why this "
                   "study moved to the cone task and gates on FCI first."]
@@ -358,7 +416,8 @@ def study_claims(results_dir: Path | None = None) -> list[dict]:
     records = load_records(results_dir or RESULTS / "attnrl")
     units = {r["unit"]: r for r in records}
     where = f"study: benchmarks/RESULTS.md, \"{TITLE.removeprefix('## ').split(' (')[0]}\""
-    gate = units.get("gate")
+    from benchmarks.study.attnrl import DECIDING_GATE
+    gate = units.get(DECIDING_GATE) or units.get("gate")
     rows = [("grpo", "study, seeds 10-14: more accurate than GRPO at equal generated tokens"),
             ("entropy_tree", "study, seeds 10-14: more accurate than entropy branching (TreeRL) at equal tokens")]
     if gate is not None and not gate["metrics"]["fci_beats_both"]:

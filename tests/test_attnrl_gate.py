@@ -51,3 +51,15 @@ def test_marginal_influence_is_what_resampling_the_step_itself_adds():
     assert marginal["fci"] > 0.8 and marginal["earliest"] < 0.0
     with pytest.raises(ValueError, match="influence must be"):
         step_rank_correlations([record], delta=2, influence="total")
+
+
+def test_intervention_influence_ranks_by_forced_result_changes():
+    # forced changes move the answer at steps 2 and 4 (the dependency), never at 1 and 3: FCI agrees, earliness not
+    record = _record([0.5, 0.5, 0.5, 0.5], [0.1, 0.9, 0.2, 0.5])
+    for s, moved in zip(record["steps"], [0.0, 1.0, 0.0, 1.0]):
+        s["intervention"] = moved
+    row = step_rank_correlations([record], delta=2, influence="intervention")[0]
+    assert row["fci"] > 0.8 and row["earliest"] < 0.5
+    del record["steps"][0]["intervention"]  # records made without interventions cannot be read this way
+    with pytest.raises(ValueError, match="interventions"):
+        step_rank_correlations([record], delta=2, influence="intervention")

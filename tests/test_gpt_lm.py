@@ -190,8 +190,16 @@ def test_branch_every_step_records_flips_groups_and_fci(sft_policy):
     policy, task, _ = sft_policy
     problems = task.evaluation_problems(6, seed=5, difficulties=(3, 4))
     records = branch_every_step(policy, task, problems, continuations=3, deltas=(1, 2),
-                                generator=torch.Generator().manual_seed(0))
+                                generator=torch.Generator().manual_seed(0), interventions=2)
     assert 3 <= len(records) <= len(problems)
+    # forced results: every computation step after the first has a share of answer changes; the answer line has none
+    for rec in records:
+        assert [s["step"] for s in rec["steps"] if "intervention" in s] == [s["step"] for s in rec["steps"][:-1]]
+        assert all(s.get("intervention") in (0.0, 0.5, 1.0) for s in rec["steps"][:-1])
+        assert "intervention" not in rec["steps"][-1]
+    # the query is the last computation step (chain layout): the answer line copies it, so forcing it moves the answer
+    last = [rec["steps"][-2]["intervention"] for rec in records]
+    assert sum(last) / len(last) >= 0.8, last
     for rec in records:
         p = problems[rec["problem"]]
         assert len(rec["steps"]) == p.difficulty  # response steps 2..K+1 (the last is the answer line)

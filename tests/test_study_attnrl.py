@@ -17,13 +17,14 @@ TINY = {"sft_max_steps": 2, "sft_eval_problems": 2, "gate_problems": 2, "gate_co
 def test_plan_is_valid():
     plan = study.STUDY.plan()  # unique names, dependencies listed earlier
     by = {u.name: u for u in plan}
-    assert [u.name for u in plan[:2]] == ["sft", "gate"] and plan[0].role == "stage" and plan[1].role == "gate"
+    assert [u.name for u in plan[:4]] == ["sft", "gate", "gate-probe", study.DECIDING_GATE]
+    assert plan[0].role == "stage" and plan[1].role == plan[2].role == plan[3].role == "gate"
     for u in plan:
         module, fn = u.fn.split(":")
         assert callable(getattr(importlib.import_module(module), fn)), u.fn
         assert all(a in by for a in u.after)
         if u.role in ("tune", "report"):
-            assert "gate" in u.after, u.name  # no RL unit before the gate
+            assert study.DECIDING_GATE in u.after, u.name  # no RL unit before the gate
     for method in study.MAIN_METHODS:
         assert sorted(u.seed for u in plan if u.role == "report" and u.method == method) == list(REPORTED_SEEDS)
     for method, (_, _, seeds) in study.EXTRA_METHODS.items():
@@ -87,16 +88,21 @@ def test_one_unit_of_each_kind_at_tiny_size(tmp_path):
 
     gate = run_unit_inline(study.STUDY, "gate", results_root=root, overrides=TINY)
     assert gate["start_sha"] and gate["metrics"]["fci_beats_both"] is False  # an untrained model ranks nothing
+    decider = run_unit_inline(study.STUDY, study.DECIDING_GATE, results_root=root, overrides=TINY)
+    assert decider["metrics"]["fci_beats_both"] is False and decider["influence"] == "intervention"
     tune_name = f"tune-grpo-lr{study._lr_name(study.LR_GRID[0])}-s{study.TUNING_SEEDS[0]}"
     with pytest.raises(StudyError, match="refused: the FCI gate failed"):
         run_unit_inline(study.STUDY, tune_name, results_root=root, overrides=TINY)
-    refused = report([sft, gate], root / "attnrl")
-    assert "FCI does not beat both" in refused and "No reported RL unit" in refused
+    probe = run_unit_inline(study.STUDY, "gate-probe", results_root=root, overrides=TINY)
+    assert set(probe["variants"]) == set(study.PROBE_VARIANTS) and probe["start_sha"] == gate["start_sha"]
+    assert "max (FCI)" in probe["variants"]["study_task"]["heads"]
+    refused = report([sft, gate, probe, decider], root / "attnrl")
+    assert "FCI does not beat both" in refused and "No reported RL unit" in refused and "Second look" in refused
     assert all(c["observed"].startswith("FCI gate failed") for c in study_claims(root / "attnrl"))
 
     # past the gate (its record is edited here: a 2-step SFT model cannot pass it), every RL kind runs
-    path = root / "attnrl" / "gate.json"
-    path.write_text(json.dumps(gate | {"metrics": gate["metrics"] | {"fci_beats_both": True}}))
+    path = root / "attnrl" / f"{study.DECIDING_GATE}.json"
+    path.write_text(json.dumps(decider | {"metrics": decider["metrics"] | {"fci_beats_both": True}}))
     for lr in study.LR_GRID:
         for method in ("grpo", "attnrl"):
             name = f"tune-{method}-lr{study._lr_name(lr)}-s{study.TUNING_SEEDS[0]}"

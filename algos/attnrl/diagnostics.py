@@ -58,7 +58,8 @@ def fci_influence_correlation(policy: Policy, task, problems: Sequence, delta: i
 
 def branch_every_step(policy: Policy, task, problems: Sequence, continuations: int = 4, temperature: float = 1.0,
                       deltas: Sequence[int] = (1, 2, 4), zero_first_step: bool = True,
-                      generator: torch.Generator | None = None, max_batch_size: int = 256) -> list[dict]:
+                      generator: torch.Generator | None = None, max_batch_size: int = 256,
+                      interventions: int = 0, seed: int = 0) -> list[dict]:
     """Branch one sampled response per problem at every response step and record what each branch point does.
 
     For each problem the policy samples one response (at ``temperature``); responses whose line count differs
@@ -68,6 +69,12 @@ def branch_every_step(policy: Policy, task, problems: Sequence, continuations: i
     the branch group (original + continuations) has mixed outcomes, FCI for every delta (teacher-forced on the
     original response, as the learner computes it), membership in the answer's dependency cone
     (``task.dependency_cone``) and the number of direct readers (``task.influence``, not transitive).
+
+    With ``interventions`` > 0 each computation step also gets ``intervention``: the share of ``interventions``
+    forced changes of the step's written result (other values, drawn with ``random.Random(seed)``) after which the
+    greedy continuation ends with a different answer line than the original response. It asks whether the model's
+    later computation *uses* the step, one step at a time, without needing the model to err (resampling only
+    moves the answer when the model makes a mistake, so with an accurate model it is mostly noise).
     """
     codec = policy.codec
     max_tokens = task.max_response_chars()
@@ -88,6 +95,8 @@ def branch_every_step(policy: Policy, task, problems: Sequence, continuations: i
     with torch.no_grad():
         alphas = forward_scores(policy, [r.prompt_ids for r in kept], [r.response_ids for r in kept],
                                 temperature, output_step_attention=True).step_attention
+    intervened = (_intervene(policy, task, problems, kept, interventions, max_tokens, seed, max_batch_size)
+                  if interventions > 0 else {})
     records = []
     for k, (r, alpha) in enumerate(zip(kept, alphas)):
         problem = problems[r.tag]
@@ -100,9 +109,38 @@ def branch_every_step(policy: Policy, task, problems: Sequence, continuations: i
             steps.append({"step": s, "flip": sum(x != reward for x in results) / len(results),
                           "mixed": len(set(results) | {reward}) > 1, "in_cone": bool(cone[s]),
                           "readers": readers[s], "fci": {d: fci[d][s] for d in deltas}})
+            if (k, s) in intervened:
+                steps[-1]["intervention"] = intervened[(k, s)]
         records.append({"problem": r.tag, "difficulty": problem.difficulty, "reward": reward,
                         "step_starts": r.step_starts, "first_step_in_cone": bool(cone[0]), "steps": steps})
     return records
+
+
+def _intervene(policy: Policy, task, problems: Sequence, kept: Sequence, per_step: int, max_tokens: int, seed: int,
+               max_batch_size: int) -> dict[tuple[int, int], float]:
+    """(kept response, response step) -> share of forced result changes that change the greedy answer line."""
+    import random
+
+    codec, rng = policy.codec, random.Random(seed)
+    newline = codec.decode(sorted(codec.delimiter_ids)[:1])  # the step delimiter as text
+    requests, originals = [], {}
+    for k, r in enumerate(kept):
+        problem = problems[r.tag]
+        ids = r.response_ids
+        originals[k] = codec.decode(ids).rstrip(newline).split(newline)[-1]
+        width, modulus = problem.value_width, problem.modulus
+        for s in range(1, problem.difficulty):  # computation steps after the first; the answer line has no result
+            end = r.step_starts[s + 1] - 1  # the step's delimiter; its result is the ``width`` tokens before it
+            written = codec.decode(ids[end - width:end])
+            others = [v for v in range(modulus) if str(v).zfill(width) != written]
+            for value in rng.sample(others, min(per_step, len(others))):
+                prefix = tuple(ids[:end - width]) + tuple(codec.encode(str(value).zfill(width) + newline))
+                requests.append(GenerationRequest(r.prompt_ids, prefix, max_tokens - len(prefix), tag=(k, s)))
+    changed: dict[tuple[int, int], list[float]] = {}
+    for b in generate(policy, requests, max_tokens, 0.0, max_batch_size=max_batch_size):
+        answer = codec.decode(b.response_ids).rstrip(newline).split(newline)[-1]
+        changed.setdefault(b.tag, []).append(float(not b.finished or answer != originals[b.tag[0]]))
+    return {key: sum(v) / len(v) for key, v in changed.items()}
 
 
 def summarize_branching(records: Sequence[dict], deltas: Sequence[int] = (1, 2, 4), num_points: int = 2,
@@ -176,8 +214,11 @@ def summarize_branching(records: Sequence[dict], deltas: Sequence[int] = (1, 2, 
             "atb_equals_earliest": {d: mean([float(x) for x in v]) for d, v in atb_is_earliest.items()}}
 
 
+INFLUENCES = ("marginal", "suffix", "intervention")
+
+
 def step_rank_correlations(records: Sequence[dict], delta: int, seed: int = 0,
-                           influence: str = "marginal") -> list[dict]:
+                           influence: str = "marginal", random_draws: int = 1) -> list[dict]:
     """Per branched response of :func:`branch_every_step`: the rank correlation with the measured influence of each
     step of three orderings of the branching candidates (computation steps after the first; the answer line is left
     out): FCI at ``delta``, earliness (earlier ranks higher, the paper's "early steps" ablation) and a random ordering
@@ -190,15 +231,20 @@ def step_rank_correlations(records: Sequence[dict], delta: int, seed: int = 0,
       the paper AttnRL takes its delta from). Not positional by construction.
     * ``"suffix"``: flip(k), the outcome-flip rate when step k and everything after it is resampled. This grows with
       the number of answer-relevant steps after k, so in expectation earliness ranks it best whatever FCI does.
+    * ``"intervention"``: the share of forced changes of step k's result that change the answer
+      (``branch_every_step(..., interventions=n)``): whether the model's later steps use step k, measured one step
+      at a time and without waiting for the model to err.
 
     Responses whose influence is the same at every candidate carry no ranking and are left out. An ordering that is
     constant over the candidates (FCI all zero, say) ranks nothing: it counts as 0, not as missing, so a blind FCI
-    cannot win by abstaining. Returns ``[{"difficulty", "fci", "earliest", "random", "steps"}]``.
+    cannot win by abstaining. With ``random_draws`` > 1 the random ordering's correlation is the mean over that many
+    permutations per response: the same chance level, estimated with less noise (one permutation's correlation
+    varies by about +-0.5 on 6-8 steps, which swamps small differences in a paired comparison). Returns ``[{"difficulty", "fci", "earliest", "random", "steps"}]``.
     """
     import random
 
-    if influence not in ("marginal", "suffix"):
-        raise ValueError(f"influence must be 'marginal' or 'suffix', got {influence!r}")
+    if influence not in INFLUENCES:
+        raise ValueError(f"influence must be one of {INFLUENCES}, got {influence!r}")
     rng = random.Random(seed)
     out = []
     for rec in records:
@@ -206,9 +252,19 @@ def step_rank_correlations(records: Sequence[dict], delta: int, seed: int = 0,
         if len(steps) < 2:
             continue
         order = list(range(len(steps)))
-        rng.shuffle(order)  # drawn for every response, so one response's skip does not shift the others'
+        orders = []
+        for _ in range(random_draws):  # drawn for every response, so one response's skip does not shift the others'
+            rng.shuffle(order)
+            orders.append(list(order))
         flips = [s["flip"] for s in rec["steps"]]
-        target = [flips[i] - flips[i + 1] for i in range(len(steps))] if influence == "marginal" else flips[:-1]
+        if influence == "marginal":
+            target = [flips[i] - flips[i + 1] for i in range(len(steps))]
+        elif influence == "suffix":
+            target = flips[:-1]
+        else:
+            if any("intervention" not in s for s in steps):
+                raise ValueError("influence='intervention' needs records made with branch_every_step(interventions>0)")
+            target = [s["intervention"] for s in steps]
         if len(set(target)) < 2:
             continue
         fci = [s["fci"][delta] if delta in s["fci"] else s["fci"][str(delta)] for s in steps]
@@ -218,5 +274,5 @@ def step_rank_correlations(records: Sequence[dict], delta: int, seed: int = 0,
             return 0.0 if math.isnan(c) else c
 
         out.append({"difficulty": rec["difficulty"], "fci": corr(fci), "earliest": corr([-s["step"] for s in steps]),
-                    "random": corr(order), "steps": len(steps)})
+                    "random": sum(corr(o) for o in orders) / random_draws, "steps": len(steps)})
     return out

@@ -59,6 +59,19 @@ EVAL = {"per_difficulty": 16, "longest_extra": 112, "samples": 2, "temperature":
 GATE_PROBLEMS = 64  # per difficulty (responses whose line count differs from the program's are dropped)
 GATE_CONTINUATIONS = 6  # per step: flips in sixths; the marginal influence is a difference of two
 GATE_DELTAS = (1, 2, 4)
+# The second look after the gate failed (``gate-probe``): the influence measured by forced changes of each step's
+# result (``branch_every_step(interventions=...)``), which needs no model error, on the study task and on two variants
+# whose distractors are dead ends (read by nothing, so attention to them has no reason to exist); the same SFT model
+# (dead-end programs are a subset of what it was trained on, so no new SFT is needed to ask the question).
+PROBE_INTERVENTIONS = 3
+# The deciding gate, declared after the probe and before it ran (2026-12-04): the probe's statistic (intervention
+# influence, delta 2) on fresh problems (seed 778; the probe used 777), three times as many (192 per difficulty), the
+# random ordering's chance level averaged over 200 permutations per response; the same rule (both paired 95 %
+# intervals above 0). The study task and the SFT model are unchanged. RL units wait on this gate alone.
+DECIDING_GATE = "gate-intervention"
+GATE2 = {"problems": 192, "seed": 778, "interventions": 3, "random_draws": 200}
+PROBE_VARIANTS = {"study_task": {}, "dead_end_cone": {"distractor_reuse": 0.0},
+                  "dead_end_hub": {"layout": "hub", "distractor_reuse": 0.0}}
 
 MAIN_METHODS = ("attnrl", "grpo", "entropy_tree", "attn_tree", "earliest_tree", "random_tree")
 # study method -> (algos method, RLConfig overrides, reported seeds): the ceiling and the two halves of AttnRL
@@ -106,7 +119,11 @@ def _lr_name(lr: float) -> str:
 def units() -> list[Unit]:
     fn = "benchmarks.study.attnrl:"
     plan = [Unit("sft", "stage", "sft", None, fn + "run_sft", est_core_s=COST_S["sft"]),
-            Unit("gate", "gate", "fci_gate", None, fn + "run_gate", after=("sft",), est_core_s=COST_S["gate"])]
+            Unit("gate", "gate", "fci_gate", None, fn + "run_gate", after=("sft",), est_core_s=COST_S["gate"]),
+            Unit("gate-probe", "gate", "fci_probe", None, fn + "run_gate_probe", after=("sft",),
+                 est_core_s=COST_S["gate"]),
+            Unit(DECIDING_GATE, "gate", "fci_gate", None, fn + "run_gate_intervention", after=("sft",),
+                 est_core_s=COST_S["gate"])]
     tuned = (*MAIN_METHODS, *EXTRA_METHODS)
     tune_names: dict[str, list[str]] = {}
     for seed in TUNING_SEEDS:
@@ -114,14 +131,14 @@ def units() -> list[Unit]:
             for method in tuned:
                 name = f"tune-{method}-lr{_lr_name(lr)}-s{seed}"
                 tune_names.setdefault(method, []).append(name)
-                plan.append(Unit(name, "tune", method, seed, fn + "run_rl", {"lr": lr}, after=("gate",),
+                plan.append(Unit(name, "tune", method, seed, fn + "run_rl", {"lr": lr}, after=(DECIDING_GATE,),
                                  est_core_s=rl_cost(method)))
     seeds = {m: REPORTED_SEEDS for m in MAIN_METHODS} | {m: v[2] for m, v in EXTRA_METHODS.items()}
     for seed in REPORTED_SEEDS:  # seed-major: a study cut short still has complete seeds for every method
         for method in (*MAIN_METHODS, *EXTRA_METHODS):
             if seed in seeds[method]:
                 plan.append(Unit(f"{method}-s{seed}", "report", method, seed, fn + "run_rl",
-                                 after=("gate", *tune_names[method]), est_core_s=rl_cost(method)))
+                                 after=(DECIDING_GATE, *tune_names[method]), est_core_s=rl_cost(method)))
     return plan
 
 
@@ -266,12 +283,118 @@ def run_gate(ctx: UnitContext) -> dict:
             "sft": {"eval": sft_eval, "steps": info["steps"], "history_tail": info["history"][-3:]}}
 
 
+def head_correlations(policy, task, problems, delta: int) -> dict[str, float]:
+    """Per layer and head (and for FCI's max over them, and earliness): mean per-problem Spearman of the column sums
+    y_k (attention later steps pay to step k) with membership in the answer's cone, teacher-forced on the reference
+    solutions; candidates as in the gate. Does any head see the dependency that the max over heads misses?"""
+    import math
+
+    from algos.attnrl.diagnostics import spearman
+    from algos.attnrl.lm import forward_scores
+    codec = policy.codec
+    with torch.no_grad():
+        alphas = forward_scores(policy, [codec.encode(p.prompt) for p in problems],
+                                [codec.encode(p.solution) + [codec.eos_id] for p in problems],
+                                output_step_attention=True).step_attention
+    out: dict[str, list[float]] = {}
+    for problem, alpha in zip(problems, alphas):
+        layers, heads, S, _ = alpha.shape
+        later = (torch.arange(S)[:, None] >= torch.arange(S)[None, :] + delta).to(alpha.dtype)
+        y = (alpha.nan_to_num(0.0) * later).sum(dim=-2)  # (L, H, S)
+        cone = task.dependency_cone(problem)  # per response line; alpha index 0 is the prompt
+        candidates = range(2, S - 1)  # response lines 2..K (the first line and the answer line are not candidates)
+        target = [float(cone[c - 1]) for c in candidates]
+        if len(set(target)) < 2:
+            continue
+        columns = {f"L{l}H{h}": y[l, h] for l in range(layers) for h in range(heads)}
+        columns["max (FCI)"] = y.flatten(0, 1).amax(dim=0)
+        for name, col in columns.items():
+            c = spearman([float(col[k]) for k in candidates], target)
+            out.setdefault(name, []).append(0.0 if math.isnan(c) else c)
+        out.setdefault("earliness", []).append(spearman([-k for k in candidates], target))
+    return {k: statistics.fmean(v) for k, v in out.items()}
+
+
+def run_gate_probe(ctx: UnitContext) -> dict:
+    """The gate's question again with a measure that needs no model error (forced result changes), on the study task
+    and two dead-end-distractor variants (``PROBE_VARIANTS``), plus a per-head look at the attention."""
+    from algos.attnrl.config import RLConfig
+    from algos.attnrl.diagnostics import branch_every_step, step_rank_correlations
+    from envs.reasoning.task import ReasoningTask, ReasoningTaskConfig
+    _, sft, _ = load_sft(ctx)
+    rl = RLConfig(**RL)
+    per_difficulty = ctx.size("gate_problems", GATE_PROBLEMS)
+    difficulties = range(TASK["min_steps"], TASK["max_steps"] + 1)
+    variants = {}
+    for i, (name, change) in enumerate(PROBE_VARIANTS.items()):
+        task = ReasoningTask(ReasoningTaskConfig(**(TASK | change)))
+        problems = task.evaluation_problems(per_difficulty, seed=777)
+        records = branch_every_step(sft, task, problems, continuations=1, deltas=GATE_DELTAS,
+                                    zero_first_step=rl.zero_first_step, generator=torch.Generator().manual_seed(0),
+                                    interventions=ctx.size("probe_interventions", PROBE_INTERVENTIONS))
+        steps = [s for r in records for s in r["steps"][:-1]]
+        by_kind = {kind: [s["intervention"] for s in steps if s["in_cone"] == (kind == "cone")]
+                   for kind in ("cone", "distractor")}
+        variants[name] = {
+            "task": TASK | change, "responses": len(records),
+            "intervention_mean": {k: statistics.fmean(v) if v else None for k, v in by_kind.items()},
+            "steps": {k: len(v) for k, v in by_kind.items()},
+            "decision": gate_decision(step_rank_correlations(records, rl.delta, influence="intervention"),
+                                      min(24, per_difficulty), difficulties),
+            "other_deltas": {str(d): gate_decision(step_rank_correlations(records, d, influence="intervention"),
+                                                   0)["overall"] for d in GATE_DELTAS},
+            "heads": head_correlations(sft, task, problems, rl.delta)}
+        ctx.progress(i + 1, len(PROBE_VARIANTS), "variants", **{name: variants[name]["decision"]["fci_beats_both"]})
+    return {"metrics": {name: {"fci_beats_both": v["decision"]["fci_beats_both"],
+                               "fci": v["decision"]["overall"]["fci"][0],
+                               "earliest": v["decision"]["overall"]["earliest"][0],
+                               "random": v["decision"]["overall"]["random"][0]} for name, v in variants.items()},
+            "influence": "intervention", "delta": rl.delta, "problems_per_difficulty": per_difficulty,
+            "variants": variants}
+
+
+def run_gate_intervention(ctx: UnitContext) -> dict:
+    """The deciding gate (``GATE2``): FCI, earliest-first and random orderings against the intervention influence on
+    fresh problems; RL units run only if FCI beats both."""
+    import time
+
+    from algos.attnrl.config import RLConfig
+    from algos.attnrl.diagnostics import branch_every_step, step_rank_correlations
+    task, sft, _ = load_sft(ctx)
+    rl = RLConfig(**RL)
+    t0 = time.perf_counter()
+    per_difficulty = ctx.size("gate_problems", GATE2["problems"])
+    records = branch_every_step(sft, task, task.evaluation_problems(per_difficulty, seed=GATE2["seed"]),
+                                continuations=1, deltas=GATE_DELTAS, zero_first_step=rl.zero_first_step,
+                                generator=torch.Generator().manual_seed(0),
+                                interventions=ctx.size("probe_interventions", GATE2["interventions"]))
+    draws = GATE2["random_draws"]
+    difficulties = range(TASK["min_steps"], TASK["max_steps"] + 1)
+    decision = gate_decision(step_rank_correlations(records, rl.delta, influence="intervention", random_draws=draws),
+                             min(24, per_difficulty), difficulties)
+    other_deltas = {str(d): gate_decision(step_rank_correlations(records, d, influence="intervention",
+                                                                 random_draws=draws), 0)["overall"]
+                    for d in GATE_DELTAS}
+    steps = [s for r in records for s in r["steps"][:-1]]
+    shares = {kind: [s["intervention"] for s in steps if s["in_cone"] == (kind == "cone")]
+              for kind in ("cone", "distractor")}
+    ctx.progress(1, 1, "gate", fci_beats_both=str(decision["fci_beats_both"]))
+    return {"metrics": {"fci_beats_both": decision["fci_beats_both"], "beats_earliest": decision["beats_earliest"],
+                        "beats_random": decision["beats_random"], "enough_responses": decision["enough_responses"],
+                        "delta": rl.delta, "problems_per_difficulty": per_difficulty,
+                        "responses_kept": {str(d): sum(r["difficulty"] == d for r in records) for d in difficulties},
+                        "branch_s": time.perf_counter() - t0},
+            "influence": "intervention", "gate": GATE2, "decision": decision, "other_deltas": other_deltas,
+            "intervention_mean": {k: statistics.fmean(v) if v else None for k, v in shares.items()}}
+
+
 # ------------------------------------------------------------------------------------------------ 3./4. RL units
 
 def require_gate(ctx: UnitContext) -> dict:
-    gate = ctx.records().get("gate")
+    gate = ctx.records().get(DECIDING_GATE)
     if gate is None:
-        raise StudyError(f"attnrl/{ctx.unit.name}: the FCI gate has no record yet; run the gate unit first")
+        raise StudyError(f"attnrl/{ctx.unit.name}: the FCI gate has no record yet; run the {DECIDING_GATE} unit "
+                         "first")
     if not gate["metrics"]["fci_beats_both"]:
         d = gate["decision"]["overall"]
         raise StudyError(f"attnrl/{ctx.unit.name}: refused: the FCI gate failed (rank correlation with measured step "
