@@ -332,12 +332,41 @@ def cost_lines(records: list[dict], plan: list) -> list[str]:
             f"{len(plan) - len(done)} pending unit(s)."]
 
 
-def reading_lines(gate: dict | None, stats: dict, done: int, planned: int) -> list[str]:
+def failed_gate_reading(gate: dict, probe: dict | None) -> list[str]:
+    """What a failed deciding gate says, read off its numbers (and the second look's, when there is one)."""
+    o, im = gate["decision"]["overall"], gate["intervention_mean"]
+    at_chance = o["fci"][1] <= 0 <= o["fci"][2]
+    lines = [f"- FCI's rank agreement with the steps' measured influence is {_signed(o['fci'])} over {o['responses']} "
+             f"responses against a chance level of {_signed(o['random'])}"
+             + (": indistinguishable from chance" if at_chance else "") +
+             f"; earliest-first scores {_signed(o['earliest'])}, so FCI - earliest ({_signed(o['fci_minus_earliest'])}) "
+             "says FCI is less tied to position than pure earliness, not that it finds the influential steps.",
+             f"- The measurement is not what failed: forced changes move the answer at {im['cone'] or 0:.2f} of the "
+             f"cone steps and {im['distractor'] or 0:.2f} of the distractors, so the influence being ranked is sharp "
+             "and known; FCI does not follow it."]
+    heads = probe["variants"].get("study_task", next(iter(probe["variants"].values())))["heads"] if probe else {}
+    per_head = {k: v for k, v in heads.items() if k.startswith("L")}
+    if per_head:
+        best = max(per_head, key=per_head.get)
+        lines.append(f"- No head's attention follows the dependency either (best {best} {per_head[best]:+.3f} with "
+                     "cone membership), and making distractors dead ends did not change the picture (second look). Plausibly, a "
+                     "step's look-ups are a few of its line's ~15 tokens; FCI's step-to-step attention averages over "
+                     "every token of both steps and takes the max over heads, so what it measures here is attention "
+                     "that does not follow the data flow.")
+    lines.append("- So no RL unit ran: at this model scale FCI has no signal to branch on, and ATB would be "
+                 "earliest-step branching with noise. The claim needs a model whose attention carries step "
+                 "dependencies (a pretrained LM: `experiment.hf_model=<local directory>`, on GPU nodes); "
+                 "the task alone could not give a 2-layer model's FCI room in three variants.")
+    return lines
+
+
+def reading_lines(gate: dict | None, stats: dict, done: int, planned: int, probe: dict | None = None) -> list[str]:
     """The reading, mechanical where it can be: every sentence below follows from a number above."""
     lines = ["Reading (each verdict is read off its interval; nothing here is a claim the table does not carry):"]
-    if gate is None or not gate["metrics"]["fci_beats_both"]:
-        return lines + ["- The gate has not passed, so no RL comparison exists on this task: the study answers "
-                        "\"does attention-guided branching help where it has room\" with \"this task gives it none\"."]
+    if gate is None:
+        return lines + ["- The deciding gate has not run, so no RL comparison exists yet."]
+    if not gate["metrics"]["fci_beats_both"]:
+        return lines + failed_gate_reading(gate, probe)
     if done < planned:
         lines.append(f"- **Incomplete: {done} of {planned} reported units recorded.** Intervals over fewer seeds are "
                      "wider; read nothing into a verdict that later seeds can change.")
@@ -400,7 +429,7 @@ def report(records: list[dict], out_dir: Path) -> str:
         parts += ["No reported RL unit has finished yet.", ""]
     done = sum(r["role"] == "report" for r in records)
     parts += cost_lines(records, study.units()) + [""]
-    parts += reading_lines(decider, stats, done, planned)
+    parts += reading_lines(decider, stats, done, planned, units.get("gate-probe"))
     parts += ["", "Previous round (chain task, 1-4 steps, seeds 0-2, lr tuned on GRPO seed 0): AttnRL 0.640, GRPO "
                   "0.655, entropy branching 0.627, all tied; short traces fix the branch points, which is why this "
                   "study moved to the cone task and gates on FCI first."]
