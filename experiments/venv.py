@@ -7,7 +7,8 @@ multi-GB CUDA build), and every package at the exact version of ``constraints-cp
 same environment. GPU nodes set ``ORRERY_TORCH`` to the torch requirement they want, e.g.
 ``ORRERY_TORCH="torch==2.13.0" ORRERY_TORCH_INDEX=https://download.pytorch.org/whl/cu126`` (then the constraints, made
 for the CPU build, are not applied). The environment is rebuilt only when ``pyproject.toml``, the constraints or the
-torch choice change (a stamp file records them).
+torch choice change (a stamp file records them). Packages go in with uv when uv can be installed (the same pinned
+versions from the same sources pip is configured with, ~30 s instead of ~90 s on a 2-core machine), else with pip.
 """
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ import subprocess
 import sys
 import venv
 from pathlib import Path
+from typing import Callable
 
 ROOT = Path(__file__).resolve().parents[1]
 VENV = ROOT / ".venv"
@@ -35,6 +37,45 @@ def _pip(*args: str) -> None:
     subprocess.run(cmd, check=True, cwd=ROOT)
 
 
+def _pip_config() -> list[str]:
+    """pip's configured package sources and constraints (pip.conf, PIP_* variables) as uv options, so uv installs
+    from where pip would (a machine's local wheel folders and mirrors) under the same caps."""
+    out = subprocess.run([str(_python()), "-m", "pip", "config", "list"], capture_output=True, text=True).stdout
+    options = []
+    for line in out.splitlines():
+        key, _, value = line.partition("=")
+        name, value = key.rsplit(".", 1)[-1], value.strip().strip("'\"")
+        flag = {"find-links": "--find-links", "extra-index-url": "--extra-index-url", "index-url": "--index-url",
+                "constraint": "-c"}.get(name)
+        for item in value.split() if flag else ():
+            local = item.removeprefix("file://")
+            if item.startswith(("http://", "https://")) or Path(local).exists():
+                options += [flag, item]
+    return options
+
+
+def _installer() -> Callable[..., None]:
+    """uv when it can be had (installs in seconds what pip takes a minute and a half for), else pip."""
+    uv = VENV / "bin" / "uv"
+    if not uv.exists():
+        try:
+            _pip("uv")
+        except subprocess.CalledProcessError:
+            print("uv is not installable here: installing with pip", flush=True)
+            return _pip
+    sources = _pip_config()
+
+    def install(*args: str) -> None:
+        # pip takes the best version over all its indexes; uv's default takes the first index that has the package
+        cmd = [str(uv), "pip", "install", "-q", "--python", str(_python()), "--index-strategy", "unsafe-best-match",
+               *sources, *args]
+        print("+", " ".join(cmd), flush=True)
+        if subprocess.run(cmd, cwd=ROOT).returncode != 0:
+            print("uv failed: installing with pip", flush=True)
+            _pip(*args)
+    return install
+
+
 def _wanted_stamp(torch_req: str, index: str) -> str:
     digest = hashlib.sha256((ROOT / "pyproject.toml").read_bytes() + CONSTRAINTS.read_bytes()).hexdigest()
     return f"{digest} {torch_req} {index}"
@@ -50,10 +91,11 @@ def ensure_venv() -> Path:
         print(f"creating virtual environment {VENV}", flush=True)
         venv.EnvBuilder(with_pip=True).create(VENV)
     pinned = ["-c", str(CONSTRAINTS)] if torch_req == CPU_TORCH and not index else []
-    _pip(*pinned, torch_req, *(["--index-url", index] if index else []))
-    _pip(*pinned, "-e", ".[test,bench]")
+    install = _installer()
+    install(*pinned, torch_req, *(["--index-url", index] if index else []))
+    install(*pinned, "-e", ".[test,bench]")
     # molsets pins ancient dependencies; it only ships the MOSES SMILES we read, so install it without them.
-    _pip(*pinned, "--no-deps", "molsets==0.3.1")
+    install(*pinned, "--no-deps", "molsets==0.3.1")
     STAMP.write_text(wanted + "\n")
     return _python()
 
