@@ -2,6 +2,7 @@
 killed run resumes from its checkpoint with the same counters and replay data, nothing duplicated."""
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -14,7 +15,6 @@ import pytest
 
 from cluster.metrics import read_metrics
 from cluster.store import ParquetStore
-from experiments.run import main
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -36,8 +36,10 @@ def _replay_rows(run: Path) -> int:
 
 
 @pytest.mark.slow
-def test_pendulum_learns_and_a_killed_run_resumes(tmp_path, pool_name):
-    """Run 1 is SIGKILLed after its first checkpoint; `resume=true` continues it to >= -400 within 16k steps."""
+def test_pendulum_learns_and_a_killed_run_resumes(tmp_path):
+    """Run 1 is SIGKILLed after its first checkpoint; `resume=true` continues it to >= -400 within 16k steps. Each
+    run is a driver with its own embedded cluster (as `python -m experiments.run` starts it), so this test runs beside
+    the session cluster's tests rather than in their lane."""
     run_name = "resume"
     temp_dir = f"/tmp/orrery-kill-{uuid.uuid4().hex[:6]}"
     common = ["experiment=lift_pretrain", "env=pendulum", f"output_dir={tmp_path}", f"run_name={run_name}",
@@ -60,8 +62,12 @@ def test_pendulum_learns_and_a_killed_run_resumes(tmp_path, pool_name):
     saved = torch.load(ckpt, weights_only=True)
     steps_at_ckpt, buffer_at_ckpt = saved["counters"]["env_steps"], saved["buffer"]["size"]
 
-    summary = main([*common, "resume=true", f"pool.name={pool_name}"])
+    resume = subprocess.run([sys.executable, "-m", "experiments.run", *common, "resume=true",
+                             "cluster.include_dashboard=false", f"cluster.temp_dir={temp_dir}-2"], cwd=ROOT,
+                            capture_output=True, text=True, timeout=900)
+    assert resume.returncode == 0, resume.stdout[-3000:] + resume.stderr[-3000:]
     run = tmp_path / "lift_pretrain" / run_name
+    summary = json.loads((run / "summary.json").read_text())
     df = read_metrics(run)
     resumed = df[df["resumed_from"] >= 0]
     assert len(resumed) and int(resumed["resumed_from"].iloc[0]) == steps_at_ckpt

@@ -30,12 +30,24 @@ class Cluster:
         self.head, self.workers, self.out = head, workers, out
         self.env = {**head.env, "OMP_NUM_THREADS": "1"}
 
+    def _cmd(self, args: tuple[str, ...], module: str) -> list[str]:
+        return [sys.executable, "-m", module, *args, "scale=rehearsal", "cluster=remote",
+                f"cluster.address={self.head.gcs_address}", f"pool.name={POOL}", f"output_dir={self.out}"]
+
     def run(self, *args: str, module: str = "experiments.run", timeout: float = 600) -> subprocess.CompletedProcess:
-        cmd = [sys.executable, "-m", module, *args, "scale=rehearsal", "cluster=remote",
-               f"cluster.address={self.head.gcs_address}", f"pool.name={POOL}", f"output_dir={self.out}"]
+        cmd = self._cmd(args, module)
         proc = subprocess.run(cmd, cwd=ROOT, env=self.env, capture_output=True, text=True, timeout=timeout)
         assert proc.returncode == 0, f"{' '.join(cmd)}\n{proc.stdout[-3000:]}\n{proc.stderr[-4000:]}"
         return proc
+
+    def run_together(self, *runs: tuple[str, ...], timeout: float = 600) -> None:
+        """Several drivers at once on the cluster (as several users would submit them); each must succeed."""
+        cmds = [self._cmd(args, "experiments.run") for args in runs]
+        procs = [subprocess.Popen(cmd, cwd=ROOT, env=self.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                  text=True) for cmd in cmds]
+        for cmd, proc in zip(cmds, procs):
+            out, err = proc.communicate(timeout=timeout)
+            assert proc.returncode == 0, f"{' '.join(cmd)}\n{out[-3000:]}\n{err[-4000:]}"
 
     def summary(self, experiment: str, run: str) -> dict:
         return json.loads((self.out / experiment / run / "summary.json").read_text())
@@ -140,15 +152,18 @@ VIDD_TINY = ["experiment.methods=[vidd,best_of_n]", "experiment.n_train=200", "e
              "experiment.nll_time_samples=1", "experiment.refresh_check=off"]
 
 
-@pytest.mark.parametrize("experiment,extra", [("vidd_dna", []), ("vidd_protein", ["experiment.fasta=demo"])])
-def test_vidd_tasks_with_ddp_learners(cluster, experiment, extra):
+def test_vidd_tasks_with_ddp_learners(cluster):
+    """The DNA and protein tasks (their oracles and data on the worker nodes) with 2 DDP replicas each, submitted
+    together."""
     from cluster.metrics import read_metrics
-    cluster.run(f"experiment={experiment}", f"run_name={experiment}", *VIDD_TINY, *extra)
-    summary = cluster.summary(experiment, experiment)
-    assert set(summary["methods"]) == {"vidd", "best_of_n"}
-    assert 0 < summary["methods"]["vidd"]["queries"] <= 64, summary
-    df = read_metrics(cluster.out / experiment / experiment).dropna(subset=["param_max_abs_diff"])
-    assert len(df) == 1 and df["param_max_abs_diff"].iloc[0] == 0.0, df
+    tasks = {"vidd_dna": [], "vidd_protein": ["experiment.fasta=demo"]}
+    cluster.run_together(*((f"experiment={e}", f"run_name={e}", *VIDD_TINY, *extra) for e, extra in tasks.items()))
+    for experiment in tasks:
+        summary = cluster.summary(experiment, experiment)
+        assert set(summary["methods"]) == {"vidd", "best_of_n"}, (experiment, summary)
+        assert 0 < summary["methods"]["vidd"]["queries"] <= 64, (experiment, summary)
+        df = read_metrics(cluster.out / experiment / experiment).dropna(subset=["param_max_abs_diff"])
+        assert len(df) == 1 and df["param_max_abs_diff"].iloc[0] == 0.0, (experiment, df)
 
 
 def test_a_sweep_of_ddp_learners(cluster):
