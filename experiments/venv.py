@@ -67,8 +67,10 @@ def _installer() -> Callable[..., None]:
 
     def install(*args: str) -> None:
         # pip takes the best version over all its indexes; uv's default takes the first index that has the package
+        # and pip compiles bytecode at install; uv does not, and where PYTHONDONTWRITEBYTECODE is set every process
+        # would then compile its imports from source (a test suite twice as slow)
         cmd = [str(uv), "pip", "install", "-q", "--python", str(_python()), "--index-strategy", "unsafe-best-match",
-               *sources, *args]
+               "--compile-bytecode", *sources, *args]
         print("+", " ".join(cmd), flush=True)
         if subprocess.run(cmd, cwd=ROOT).returncode != 0:
             print("uv failed: installing with pip", flush=True)
