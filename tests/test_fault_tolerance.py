@@ -65,14 +65,16 @@ def test_pool_worker_killed_mid_run(ray_cluster, pool_factory, tmp_path):
     from experiments.run import main
     pool = pool_factory(num_workers=2, num_cpus=0.5)
     pids = [ray.get(w.ping.remote()) for w in pool.workers()]
-    # Warm both workers up (imports, env construction): shards then take equal time, so after the first commit
-    # both workers are busy and the kill lands mid-request.
+    # Warm both workers up (imports, env construction), so the run's shards start on both at once.
     pool.map("env", [{"steps": 1, "reset_seed": 0}] * 2,
              config={"task": "humanoid", "num_envs": ENVS, "physics_state": True})
     run_path = tmp_path / "collect" / "a"
 
     def kill_worker():
-        _wait_for(lambda: _committed_step(run_path) >= 1, 120, "the first shard")
+        # kill while worker 0 runs a shard of this run (the pool's own count of its slots in use): waiting for the
+        # first commit instead let a loaded machine finish every shard before the kill, and nothing was retried
+        _wait_for(lambda: run_path.exists() and pool.stats()["inflight"][0] > 0, 120, "worker 0 running a shard",
+                  every_s=0.05)
         os.kill(pids[0], signal.SIGKILL)  # a crash, not a polite ray.kill
 
     killer = threading.Thread(target=kill_worker, daemon=True)

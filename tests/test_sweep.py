@@ -172,6 +172,18 @@ def test_sweep_killed_then_resumed(pool_name, tmp_path):
 
 # -- PBT over a Ray Train learner: the recipient continues from the donor's learner state -------------------------
 
+def _keep_pace(states: Path, trial: str, step: int, timeout_s: float = 120.0) -> None:
+    """Wait until another trial has checkpointed ``step`` (or ``timeout_s``): fresh trials move in lockstep, so on a
+    loaded machine the better one cannot finish before the worse one reaches the perturbation interval (PBT cannot
+    exploit a finished trial, which made this test fail when one trial started late)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        lines = states.read_text().splitlines() if states.exists() else []
+        if step < 1 or any(s["trial"] != trial and s["step"] >= step for s in map(json.loads, lines)):
+            return
+        time.sleep(0.1)
+
+
 def _counting_learner(config: dict) -> None:
     """A learner whose whole state is (step, value): value grows by lr per step; a checkpoint after every step. It logs
     every state it checkpoints and the state it starts from (``states.jsonl``/``starts.jsonl`` under the root)."""
@@ -186,6 +198,8 @@ def _counting_learner(config: dict) -> None:
     for _ in range(config["steps"]):
         state["step"] += 1
         state["value"] += config["lr"]
+        if start == "fresh":
+            _keep_pace(root / "states.jsonl", trial, state["step"] - 1)
         with ddp.checkpoint_dir() as d:
             (d / "rank0.json").write_text(json.dumps(state))
             with open(root / "states.jsonl", "a") as fh:
