@@ -19,6 +19,10 @@ The plan, in run order (every unit <= 20 min of one core, measured costs in ``CO
    earliest-step ordering and of a random ordering (seed-fixed), paired over responses. RL units run only if FCI
    beats both (95 % t-interval of the paired difference above 0); otherwise they refuse with one line and the
    report says the task leaves the mechanism no room.
+   The gate failed (2026-12-04), and resampling turned out to be mostly noise with an accurate model, so two more
+   units measure a step's influence by forcing its written result to other values (no model error needed):
+   ``gate-probe`` (the study task and two dead-end-distractor variants, with a per-head view of the attention) and
+   ``gate-intervention``, the deciding gate declared before it ran (fresh problems, ``GATE2``). RL units wait on it.
 3. ``tune-<method>-lr<lr>-s100``: the same lr grid for every method (ablations and oracle included) on tuning
    seed 100.
 4. ``<method>-s<seed>``: reported seeds 10-14 (oracle and the two AttnRL ablations: seeds 10-11), each with the lr
