@@ -126,3 +126,10 @@ def test_the_level_claim_needs_enough_nulls_to_say_yes():
     assert level_verdict({"rate": 0.0, "low": 0.0, "high": 0.6, "n": 4}, 0.05).startswith("not shown")
     assert level_verdict({"rate": 0.05, "low": 0.03, "high": 0.08, "n": 1000}, 0.05) == "yes"
     assert level_verdict({"rate": 0.2, "low": 0.15, "high": 0.25, "n": 400}, 0.05) == "no"
+
+
+def test_lifts_recovery_claim_names_the_run_that_never_recovered():
+    from experiments.lift.tour import _recovery_verdict
+    assert _recovery_verdict(None, 400) == "not shown at this budget (LIFT did not recover within the run)"
+    assert "neither LIFT nor SAC" in _recovery_verdict(None, None)
+    assert _recovery_verdict(400, 800).startswith("not shown at this budget (1 seed")  # one seed: no interval

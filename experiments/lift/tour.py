@@ -77,8 +77,7 @@ def section(stages, out: Path) -> tuple[list[str], list[dict], list[str]]:
                              f"{fmt(pre_c)}): pick a harsher experiment.change")
             claims.append({"paper": "LIFT", "claim": "finetuning recovers with fewer real steps than stochastic SAC "
                                                      "finetuning", "observed": observed,
-                           "holds": "n/a" if unhurt else paired_verdict(
-                               [None if a is None or b is None else a - b], higher_is_better=False)})
+                           "holds": "n/a" if unhurt else _recovery_verdict(a, b)})
             claims.append({"paper": "LIFT", "claim": "safer: fewer real-env falls than stochastic SAC finetuning",
                            "observed": f"{lift['falls']} vs {sac['falls']} falls; {STUDY_POINTER}",
                            "holds": paired_verdict([lift["falls"] - sac["falls"]], higher_is_better=False)})
@@ -103,3 +102,12 @@ def check(tour_run: Path, report: str, data: dict) -> None:
     for name, m in fin["methods"].items():
         row = re.search(rf"^\| {name} \| [^|]+ \| ([^|]+) \|", report, re.M)
         assert row and row.group(1).strip() == f"{m['final_return']:.3g}"
+
+
+def _recovery_verdict(lift_steps: int | None, sac_steps: int | None) -> str:
+    """The recovery claim's verdict; a run that never recovered has no step count to pair."""
+    missing = [name for name, steps in (("LIFT", lift_steps), ("SAC", sac_steps)) if steps is None]
+    if missing:
+        what = "neither LIFT nor SAC recovered" if len(missing) == 2 else f"{missing[0]} did not recover"
+        return f"not shown at this budget ({what} within the run)"
+    return paired_verdict([lift_steps - sac_steps], higher_is_better=False)
