@@ -127,6 +127,13 @@ def gate_lines(gate: dict | None) -> list[str]:
     return lines + ["", verdict]
 
 
+def _heads(probe: dict | None) -> tuple[dict[str, float], str | None]:
+    """The second look's per-head correlations on the study task, and the best single head (None without heads)."""
+    heads = probe["variants"].get("study_task", next(iter(probe["variants"].values())))["heads"] if probe else {}
+    per_head = {k: v for k, v in heads.items() if k.startswith("L")}
+    return heads, max(per_head, key=per_head.get) if per_head else None
+
+
 def gate_probe_lines(probe: dict | None) -> list[str]:
     """The second look (``gate-probe`` unit): influence by forced result changes, on the study task and on variants
     whose distractors are dead ends, with the per-head view of the attention."""
@@ -146,13 +153,11 @@ def gate_probe_lines(probe: dict | None) -> list[str]:
         shares = " / ".join("n/a" if im[k] is None else f"{im[k]:.2f}" for k in ("cone", "distractor"))
         lines.append(f"| {name} (`{v['task']}`) | {o['responses']} | {shares} | "
                      + " | ".join(cells) + f" | {'yes' if v['decision']['fci_beats_both'] else 'no'} |")
-    heads = probe["variants"].get("study_task", next(iter(probe["variants"].values())))["heads"]
-    per_head = {k: v for k, v in heads.items() if k.startswith("L")}
-    best = max(per_head, key=per_head.get) if per_head else None
+    heads, best = _heads(probe)
     lines += ["", "Which attention sees the dependency? On the reference solutions of the study task, mean "
                   "per-problem Spearman of each head's column sum (attention later steps pay to a step) with the step's "
                   "membership in the answer's cone: " + ", ".join(f"{k} {v:+.3f}" for k, v in heads.items()) +
-              (f". The best single head ({best}, {per_head[best]:+.3f})" if best else "") +
+              (f". The best single head ({best}, {heads[best]:+.3f})" if best else "") +
               " is what a per-head FCI could at most reach here."]
     return lines
 
@@ -344,11 +349,9 @@ def failed_gate_reading(gate: dict, probe: dict | None) -> list[str]:
              f"- The measurement is not what failed: forced changes move the answer at {im['cone'] or 0:.2f} of the "
              f"cone steps and {im['distractor'] or 0:.2f} of the distractors, so the influence being ranked is sharp "
              "and known; FCI does not follow it."]
-    heads = probe["variants"].get("study_task", next(iter(probe["variants"].values())))["heads"] if probe else {}
-    per_head = {k: v for k, v in heads.items() if k.startswith("L")}
-    if per_head:
-        best = max(per_head, key=per_head.get)
-        lines.append(f"- No head's attention follows the dependency either (best {best} {per_head[best]:+.3f} with "
+    heads, best = _heads(probe)
+    if best is not None:
+        lines.append(f"- No head's attention follows the dependency either (best {best} {heads[best]:+.3f} with "
                      "cone membership), and making distractors dead ends did not change the picture (second look). Plausibly, a "
                      "step's look-ups are a few of its line's ~15 tokens; FCI's step-to-step attention averages over "
                      "every token of both steps and takes the max over heads, so what it measures here is attention "

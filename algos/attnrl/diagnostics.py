@@ -123,11 +123,12 @@ def _intervene(policy: Policy, task, problems: Sequence, kept: Sequence, per_ste
 
     codec, rng = policy.codec, random.Random(seed)
     newline = codec.decode(sorted(codec.delimiter_ids)[:1])  # the step delimiter as text
+    last_line = lambda ids: codec.decode(ids).rstrip(newline).split(newline)[-1]  # noqa: E731 - the answer line
     requests, originals = [], {}
     for k, r in enumerate(kept):
         problem = problems[r.tag]
         ids = r.response_ids
-        originals[k] = codec.decode(ids).rstrip(newline).split(newline)[-1]
+        originals[k] = last_line(ids)
         width, modulus = problem.value_width, problem.modulus
         for s in range(1, problem.difficulty):  # computation steps after the first; the answer line has no result
             end = r.step_starts[s + 1] - 1  # the step's delimiter; its result is the ``width`` tokens before it
@@ -138,8 +139,7 @@ def _intervene(policy: Policy, task, problems: Sequence, kept: Sequence, per_ste
                 requests.append(GenerationRequest(r.prompt_ids, prefix, max_tokens - len(prefix), tag=(k, s)))
     changed: dict[tuple[int, int], list[float]] = {}
     for b in generate(policy, requests, max_tokens, 0.0, max_batch_size=max_batch_size):
-        answer = codec.decode(b.response_ids).rstrip(newline).split(newline)[-1]
-        changed.setdefault(b.tag, []).append(float(not b.finished or answer != originals[b.tag[0]]))
+        changed.setdefault(b.tag, []).append(float(not b.finished or last_line(b.response_ids) != originals[b.tag[0]]))
     return {key: sum(v) / len(v) for key, v in changed.items()}
 
 

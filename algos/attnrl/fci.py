@@ -7,6 +7,14 @@ from typing import Sequence
 import torch
 
 
+def later_attention(step_attention: torch.Tensor, delta: int) -> torch.Tensor:
+    """y (L, H, S): per layer and head, y_k = sum_{j >= k + delta} alpha_{j,k}, the attention that steps at least
+    ``delta`` later pay to step k (Eq. 5)."""
+    S = step_attention.shape[-1]
+    later = (torch.arange(S)[:, None] >= torch.arange(S)[None, :] + delta).to(step_attention.dtype)
+    return (step_attention.nan_to_num(0.0) * later).sum(dim=-2)
+
+
 def fci_scores(step_attention: torch.Tensor, delta: int, zero_first_step: bool = False) -> torch.Tensor:
     """Forward Context Influence of every step.
 
@@ -21,11 +29,7 @@ def fci_scores(step_attention: torch.Tensor, delta: int, zero_first_step: bool =
     if delta < 1:
         raise ValueError(f"delta must be >= 1, got {delta}")
     S = step_attention.shape[-1]
-    j = torch.arange(S)[:, None]
-    k = torch.arange(S)[None, :]
-    later = (j >= k + delta).to(step_attention.dtype)
-    y = (step_attention.nan_to_num(0.0) * later).sum(dim=-2)  # (L, H, S): sum over query steps j
-    scores = y.flatten(0, 1).amax(dim=0)
+    scores = later_attention(step_attention, delta).flatten(0, 1).amax(dim=0)
     scores[0] = 0.0
     if zero_first_step and S > 1:
         scores[1] = 0.0

@@ -294,6 +294,7 @@ def head_correlations(policy, task, problems, delta: int) -> dict[str, float]:
     import math
 
     from algos.attnrl.diagnostics import spearman
+    from algos.attnrl.fci import later_attention
     from algos.attnrl.lm import forward_scores
     codec = policy.codec
     with torch.no_grad():
@@ -303,8 +304,7 @@ def head_correlations(policy, task, problems, delta: int) -> dict[str, float]:
     out: dict[str, list[float]] = {}
     for problem, alpha in zip(problems, alphas):
         layers, heads, S, _ = alpha.shape
-        later = (torch.arange(S)[:, None] >= torch.arange(S)[None, :] + delta).to(alpha.dtype)
-        y = (alpha.nan_to_num(0.0) * later).sum(dim=-2)  # (L, H, S)
+        y = later_attention(alpha, delta)  # (L, H, S)
         cone = task.dependency_cone(problem)  # per response line; alpha index 0 is the prompt
         candidates = range(2, S - 1)  # response lines 2..K (the first line and the answer line are not candidates)
         target = [float(cone[c - 1]) for c in candidates]
@@ -317,6 +317,14 @@ def head_correlations(policy, task, problems, delta: int) -> dict[str, float]:
             out.setdefault(name, []).append(0.0 if math.isnan(c) else c)
         out.setdefault("earliness", []).append(spearman([-k for k in candidates], target))
     return {k: statistics.fmean(v) for k, v in out.items()}
+
+
+def intervention_shares(records: list[dict]) -> dict[str, float | None]:
+    """Mean share of forced result changes that moved the answer, over cone steps and over distractor steps."""
+    steps = [s for r in records for s in r["steps"][:-1]]
+    shares = {kind: [s["intervention"] for s in steps if s["in_cone"] == (kind == "cone")]
+              for kind in ("cone", "distractor")}
+    return {k: statistics.fmean(v) if v else None for k, v in shares.items()}
 
 
 def run_gate_probe(ctx: UnitContext) -> dict:
@@ -336,13 +344,11 @@ def run_gate_probe(ctx: UnitContext) -> dict:
         records = branch_every_step(sft, task, problems, continuations=1, deltas=GATE_DELTAS,
                                     zero_first_step=rl.zero_first_step, generator=torch.Generator().manual_seed(0),
                                     interventions=ctx.size("probe_interventions", PROBE_INTERVENTIONS))
-        steps = [s for r in records for s in r["steps"][:-1]]
-        by_kind = {kind: [s["intervention"] for s in steps if s["in_cone"] == (kind == "cone")]
-                   for kind in ("cone", "distractor")}
+        candidates = [s for r in records for s in r["steps"][:-1]]
         variants[name] = {
-            "task": TASK | change, "responses": len(records),
-            "intervention_mean": {k: statistics.fmean(v) if v else None for k, v in by_kind.items()},
-            "steps": {k: len(v) for k, v in by_kind.items()},
+            "task": TASK | change, "responses": len(records), "intervention_mean": intervention_shares(records),
+            "steps": {"cone": sum(s["in_cone"] for s in candidates),
+                      "distractor": sum(not s["in_cone"] for s in candidates)},
             "decision": gate_decision(step_rank_correlations(records, rl.delta, influence="intervention"),
                                       min(24, per_difficulty), difficulties),
             "other_deltas": {str(d): gate_decision(step_rank_correlations(records, d, influence="intervention"),
@@ -379,9 +385,6 @@ def run_gate_intervention(ctx: UnitContext) -> dict:
     other_deltas = {str(d): gate_decision(step_rank_correlations(records, d, influence="intervention",
                                                                  random_draws=draws), 0)["overall"]
                     for d in GATE_DELTAS}
-    steps = [s for r in records for s in r["steps"][:-1]]
-    shares = {kind: [s["intervention"] for s in steps if s["in_cone"] == (kind == "cone")]
-              for kind in ("cone", "distractor")}
     ctx.progress(1, 1, "gate", fci_beats_both=str(decision["fci_beats_both"]))
     return {"metrics": {"fci_beats_both": decision["fci_beats_both"], "beats_earliest": decision["beats_earliest"],
                         "beats_random": decision["beats_random"], "enough_responses": decision["enough_responses"],
@@ -389,7 +392,7 @@ def run_gate_intervention(ctx: UnitContext) -> dict:
                         "responses_kept": {str(d): sum(r["difficulty"] == d for r in records) for d in difficulties},
                         "branch_s": time.perf_counter() - t0},
             "influence": "intervention", "gate": GATE2, "decision": decision, "other_deltas": other_deltas,
-            "intervention_mean": {k: statistics.fmean(v) if v else None for k, v in shares.items()}}
+            "intervention_mean": intervention_shares(records)}
 
 
 # ------------------------------------------------------------------------------------------------ 3./4. RL units
