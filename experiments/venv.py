@@ -80,7 +80,7 @@ def _installer() -> Callable[..., None]:
 
 def _wanted_stamp(torch_req: str, index: str) -> str:
     digest = hashlib.sha256((ROOT / "pyproject.toml").read_bytes() + CONSTRAINTS.read_bytes()).hexdigest()
-    return f"{digest} {torch_req} {index}"
+    return f"{digest} {torch_req} {index}".strip()  # stored stripped: an empty index must not leave a space
 
 
 def ensure_venv() -> Path:

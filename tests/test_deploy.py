@@ -224,3 +224,12 @@ def test_a_node_that_times_out_during_startup_is_started_again():
     with pytest.raises(RuntimeError, match="port in use"):
         local.retry_startup(broken)
     assert len(calls) == 1
+
+
+def test_the_venv_stamp_reads_back_as_written():
+    """A second `python3 -m experiments.venv` must find its stamp and install nothing: the stamp is compared stripped,
+    so the wanted value must carry no trailing space (an empty torch index left one, and every call reinstalled)."""
+    from experiments.venv import _wanted_stamp
+    for index in ("", "https://download.pytorch.org/whl/cu126"):
+        wanted = _wanted_stamp("torch==2.13.0", index)
+        assert (wanted + "\n").strip() == wanted, repr(wanted)
