@@ -172,16 +172,46 @@ def test_sweep_killed_then_resumed(pool_name, tmp_path):
 
 # -- PBT over a Ray Train learner: the recipient continues from the donor's learner state -------------------------
 
-def _keep_pace(states: Path, trial: str, step: int, timeout_s: float = 120.0) -> None:
-    """Wait until another trial has checkpointed ``step`` (or ``timeout_s``): fresh trials move in lockstep, so on a
-    loaded machine the better one cannot finish before the worse one reaches the perturbation interval (PBT cannot
-    exploit a finished trial, which made this test fail when one trial started late)."""
+PBT_INTERVAL = 2
+
+
+def _wait_until(ready, timeout_s: float = 120.0) -> None:
     deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        lines = states.read_text().splitlines() if states.exists() else []
-        if step < 1 or any(s["trial"] != trial and s["step"] >= step for s in map(json.loads, lines)):
-            return
+    while not ready() and time.monotonic() < deadline:
         time.sleep(0.1)
+
+
+def _jsonl(path: Path) -> list[dict]:
+    rows = []
+    for line in (path.read_text().splitlines() if path.exists() else []):
+        try:
+            rows.append(json.loads(line))
+        except ValueError:  # a line being written
+            pass
+    return rows
+
+
+def _pbt_has_scored(tune_dir: Path, other_than: str, iteration: int) -> bool:
+    """Whether PBT has taken another trial's result of ``iteration``: Tune's controller hands a result to the
+    scheduler first and then to the logger that appends it to the trial's result.json."""
+    return any(max((r.get("training_iteration", 0) for r in _jsonl(path)), default=0) >= iteration
+               for path in tune_dir.glob("*/result.json") if other_than not in path.parent.name)
+
+
+def _pace(config: dict, step: int) -> None:
+    """The order PBT needs, made explicit (left to chance, this test failed on loaded machines). PBT scores a trial
+    only at that trial's own perturbation steps, so: the better trial reports step 2 only once PBT has scored the
+    worse one (it is then the upper quantile and checkpoints); the worse trial reports step 4 only once PBT has
+    scored the better one (it is then the lower quantile and exploits that checkpoint); and the better trial's last
+    step waits for the exploit, since a finished trial cannot be cloned."""
+    root, tune_dir, trial = Path(config["root"]), Path(config["tune_dir"]), config["trial"]
+    interval = config["perturbation_interval"]
+    if config["better"] and step == interval:
+        _wait_until(lambda: _pbt_has_scored(tune_dir, trial, interval))
+    elif not config["better"] and step == 2 * interval:
+        _wait_until(lambda: _pbt_has_scored(tune_dir, trial, interval))
+    if config["better"] and step == config["steps"]:
+        _wait_until(lambda: any(s["donor"] for s in _jsonl(root / "starts.jsonl")))
 
 
 def _counting_learner(config: dict) -> None:
@@ -195,11 +225,11 @@ def _counting_learner(config: dict) -> None:
             state, start = json.loads((ckpt / "rank0.json").read_text()), str(ckpt)
     with open(root / "starts.jsonl", "a") as fh:
         fh.write(json.dumps({"trial": trial, "donor": "learner.init" in start, **state}) + "\n")
-    for _ in range(config["steps"]):
+    for _ in range(config["steps"] if start == "fresh" else 2):
         state["step"] += 1
         state["value"] += config["lr"]
         if start == "fresh":
-            _keep_pace(root / "states.jsonl", trial, state["step"] - 1)
+            _pace(config, state["step"])
         with ddp.checkpoint_dir() as d:
             (d / "rank0.json").write_text(json.dumps(state))
             with open(root / "states.jsonl", "a") as fh:
@@ -209,15 +239,16 @@ def _counting_learner(config: dict) -> None:
         time.sleep(0.2)
 
 
-def _pbt_trial(params: dict, root: str) -> None:
+def _pbt_trial(params: dict, root: str, tune_dir: str) -> None:
     from cluster import tune_trial
     from cluster.train import TrainConfig, fit
     run = Path(root) / tune_trial.trial_id()
     record = tune_trial.trial_checkpoint()
     if record is not None:
         tune_trial.start_from(record, run, run / "checkpoints")
-    tune_trial.run_in_trial(lambda: fit(_counting_learner, {"lr": params["lr"], "steps": 4 if record is None else 2,
-                                                               "root": root, "trial": run.name},
+    loop = {"lr": params["lr"], "better": params["lr"] == 1.0, "steps": 4, "perturbation_interval": PBT_INTERVAL,
+            "root": root, "tune_dir": tune_dir, "trial": run.name}
+    tune_trial.run_in_trial(lambda: fit(_counting_learner, loop,
                                         name="learner", storage_path=run / "checkpoints",
                                         train=TrainConfig(num_workers=1, cpus_per_worker=0.25)), run_path=run)
 
@@ -228,12 +259,13 @@ def test_pbt_exploit_moves_the_learner_state(ray_cluster, tmp_path):
     from cluster.tune import SchedulerConfig, SweepConfig, run_sweep
     sweep = SweepConfig(space={"lr": {"choice": [0.01, 1.0]}}, metric="value", mode="max", num_samples=1,
                         max_concurrent=2, trial_cpus=0.05, max_failures=0,
-                        scheduler=SchedulerConfig(name="pbt", perturbation_interval=2, quantile_fraction=0.5,
+                        scheduler=SchedulerConfig(name="pbt", perturbation_interval=PBT_INTERVAL, quantile_fraction=0.5,
                                                   resample_probability=0.0))
     sweep.params = {"lr": ("grid", [0.01, 1.0])}  # both values, one trial each
     import ray
     free_before = ray.available_resources().get("CPU", 0.0)
-    results = run_sweep(_pbt_trial, sweep, tmp_path / "tune", resume=False, root=str(tmp_path / "runs"))
+    results = run_sweep(_pbt_trial, sweep, tmp_path / "tune", resume=False, root=str(tmp_path / "runs"),
+                        tune_dir=str(tmp_path / "tune"))
     # stopped trials' learners hand their CPUs back (a leaked placement group starves the next learner forever)
     deadline = time.monotonic() + 30
     while ray.available_resources().get("CPU", 0.0) < free_before - 1e-6 and time.monotonic() < deadline:
