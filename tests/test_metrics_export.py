@@ -1,10 +1,16 @@
-"""The pool's and a learner's Ray metrics, read the way Prometheus reads them: targets from the head's service
-discovery file, Prometheus text from each node's metrics export endpoint. Nothing is read from internal state."""
+"""Ray metrics read the way Prometheus reads them, on a `ray start` head: targets from the head's service discovery
+file, Prometheus text from each node's metrics export endpoint, nothing from internal state. The pool's counters
+(a batched call counts each request) and a learner's gauges; a real lift_pretrain run exports
+``ray_orrery_learner_*`` gauges tagged by run, experiment and method while it runs (and Prometheus, where installed,
+returns them), every gauge the Grafana dashboard charts exists, and the run's log carries each progress line once,
+with no negative ETA."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 import uuid
@@ -14,8 +20,10 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from cluster.deploy.local import LocalNode
+from cluster.metrics import Progress
 
 ROOT = Path(__file__).resolve().parents[1]
+DASHBOARD = ROOT / "cluster" / "deploy" / "grafana-orrery.json"
 
 DRIVER = """
 import sys, ray
@@ -34,11 +42,6 @@ print("READY", flush=True)
 sys.stdin.readline()   # keep the gauges' process alive until the test has scraped them
 """
 
-
-@pytest.fixture
-def metrics_head(local_nodes):
-    # Export every second (Ray's default is every 10 s).
-    return local_nodes.head(num_cpus=2, env={"RAY_metrics_report_interval_ms": "1000"})
 
 
 def _targets(head: LocalNode) -> list[str]:
@@ -67,6 +70,105 @@ def _value(samples, name: str, **labels: str) -> float | None:
     """The sum over every series of ``name`` with these labels, as ``sum(name{labels})`` in PromQL reads it."""
     found = [v for (n, lab), v in samples.items() if n == name and all((k, v2) in lab for k, v2 in labels.items())]
     return sum(found) if found else None
+
+
+def dashboard_learner_metrics(experiment: str) -> set[str]:
+    """The learner gauges the Grafana dashboard charts for ``experiment`` (by name or by a pattern matching it)."""
+    import json
+    found = set()
+    for panel in json.loads(DASHBOARD.read_text())["panels"]:
+        for target in panel.get("targets", []):
+            for metric, selector in re.findall(r"ray_orrery_learner_(\w+)\{([^}]*)\}", target["expr"]):
+                m = re.search(r'experiment(=~?)"([^"]+)"', selector)
+                if m and (m.group(2) == experiment if m.group(1) == "=" else re.fullmatch(m.group(2), experiment)):
+                    found.add(metric)
+    return found
+
+
+def test_dashboard_has_a_row_per_method_and_the_pool():
+    import json
+    dash = json.loads(DASHBOARD.read_text())
+    rows = [p["title"].split(" ")[0] for p in dash["panels"] if p["type"] == "row"]
+    assert rows == ["Pool", "LIFT", "VIDD", "AttnRL"]
+    for experiment in ("lift_pretrain", "lift_finetune", "vidd_molecule", "vidd_dna", "attnrl"):
+        assert dashboard_learner_metrics(experiment), experiment
+
+
+@pytest.fixture(scope="module")
+def metrics_head(local_nodes):
+    """One `ray start` head for this module's runs, exporting metrics every second (Ray's default is every 10 s)."""
+    return local_nodes.head(num_cpus=2, env={"RAY_metrics_report_interval_ms": "1000"})
+
+
+@pytest.fixture
+def prometheus(metrics_head):
+    """Prometheus scraping the head's nodes every second (cluster/deploy/prometheus.py), or None without the binary
+    (Debian: apt-get install prometheus): then the endpoint is read directly, as Prometheus would."""
+    from cluster.deploy.local import free_port
+    from cluster.deploy.prometheus import prometheus_binary, start_prometheus
+    if prometheus_binary() is None:
+        yield None
+        return
+    port = free_port()
+    proc = start_prometheus(metrics_head, port, scrape_interval_s=1.0)
+    try:
+        yield port
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+def test_progress_line_past_the_budget_has_no_negative_eta():
+    line = Progress("x", 3000, "env steps").line(3008, 100.0)
+    assert "ETA 0:00" in line and "-" not in line.split("ETA", 1)[1].split("|")[0]
+
+
+@pytest.mark.slow
+@pytest.mark.nodes
+def test_a_running_learner_exports_its_progress_and_logs_each_line_once(metrics_head, prometheus, tmp_path):
+    from cluster.deploy.prometheus import query
+    head = metrics_head
+    run_name = f"gauges-{int(time.time())}"
+    # 3000 is not a whole number of 64-step rounds: the last round overshoots the budget (the negative-ETA case)
+    cmd = [sys.executable, "-m", "experiments.run", "experiment=lift_pretrain", "env=pendulum", "cluster=remote",
+           f"cluster.address={head.gcs_address}", f"output_dir={tmp_path}", f"run_name={run_name}",
+           "experiment.total_env_steps=3000", "experiment.eval_every_steps=1000", "experiment.eval_episodes=2"]
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=head.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True)
+    reader.start()
+    seen: dict[str, float] = {}
+    in_prometheus: list = []  # the learner's env_steps as Prometheus's HTTP API returns it
+    charted = dashboard_learner_metrics("lift_pretrain")  # what the dashboard shows of this run must exist
+    assert {"env_steps", "eval_return", "updates_per_s"} <= charted, charted
+    try:
+        deadline = time.monotonic() + 600
+        while proc.poll() is None and time.monotonic() < deadline:
+            samples = _scrape(head)
+            for metric in ("env_steps", "updates", *charted):
+                value = _value(samples, f"ray_orrery_learner_{metric}", experiment="lift_pretrain", method="lift")
+                if value is not None:
+                    seen[metric] = max(seen.get(metric, 0.0), value)
+            if prometheus is not None and not in_prometheus:
+                in_prometheus = [v for labels, v in query(prometheus, 'ray_orrery_learner_env_steps{experiment='
+                                                          '"lift_pretrain",method="lift"}') if v > 0]
+            if seen.get("env_steps", 0) > 0 and charted <= set(seen) and (prometheus is None or in_prometheus):
+                break
+            time.sleep(1)
+        assert proc.wait(timeout=max(1.0, deadline - time.monotonic())) == 0, "".join(lines)[-4000:]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        reader.join(timeout=30)
+    log = "".join(lines)
+    assert seen.get("env_steps", 0) > 0 and charted <= set(seen), (charted - set(seen), seen, log[-3000:])
+    assert prometheus is None or in_prometheus, "Prometheus never returned the learner's env_steps"
+    progress = [re.sub(r"^.*?(\[lift_pretrain rank0\])", r"\1", ln.strip()) for ln in lines
+                if "[lift_pretrain rank0]" in ln]
+    assert progress, log[-3000:]
+    assert len(progress) == len(set(progress)), f"a progress line appears twice: {progress}"
+    assert not any("ETA -" in p for p in progress), progress
+    assert progress[-1].startswith("[lift_pretrain rank0] 3008/3000"), progress[-1]
 
 
 def test_pool_and_learner_metrics_reach_the_prometheus_endpoint(metrics_head):

@@ -4,7 +4,8 @@ started with `ray start` (token auth on), the worker nodes declaring logical GPU
 worker group for the model samplers, at smoke sizes. One run goes through `ray job submit`.
 
 Without CUDA every process computes on the CPU (cluster/devices.py); what is checked is the structure: placement,
-per-rank checkpoints, identical DDP replicas, the sweep and the job path, on nodes that are separate raylets.
+per-rank checkpoints, identical DDP replicas, the sweep, and the README's `ray job submit` (token refusals, what is
+uploaded, the job's interpreter not from the nodes' PATH), on nodes that are separate raylets.
 """
 from __future__ import annotations
 
@@ -65,29 +66,60 @@ class Cluster:
 
 @pytest.fixture(scope="module")
 def cluster(local_nodes, tmp_path_factory):
-    """One cluster for every rehearsal run of this module: a head (token auth on) and two worker nodes."""
-    head = local_nodes.head(num_cpus=1, token=secrets.token_hex(32))
+    """One cluster for every rehearsal run of this module: a head (token auth on) and two worker nodes. The venv is
+    deliberately NOT on the nodes' PATH: a job whose entrypoint is a bare `python` would not find ray there (P2)."""
+    home_token = Path.home() / ".ray" / "auth_token"
+    existed = home_token.exists()
+    head = local_nodes.head(num_cpus=1, token=secrets.token_hex(32), env={"PATH": "/usr/bin:/bin"})
     workers = [local_nodes.worker(head, num_cpus=2, num_gpus=2) for _ in range(2)]
-    return Cluster(head, workers, tmp_path_factory.mktemp("rehearsal-runs"))
+    yield Cluster(head, workers, tmp_path_factory.mktemp("rehearsal-runs"))
+    assert existed or not home_token.exists(), "the rehearsal must not leave ~/.ray/auth_token behind"
 
 
-def test_collect_as_a_submitted_job_with_token_auth(cluster):
-    url = cluster.head.dashboard_url
-    assert cluster.head.http("/api/version", token=None)[0] == 401
+def _cli(args: list[str], env: dict[str, str], timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([ray_executable(), *args], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def test_collect_as_a_submitted_job_with_token_auth(cluster, tmp_path):
+    """The README's `ray job submit`: a client without the token is refused (no header 401, a wrong token 403, the
+    CLI fails); the documented submission (the checkout minus big folders, the venv's absolute interpreter) runs a
+    collect job to SUCCEEDED with its logs and Parquet output, uploading the code and not .git, .venv or caches."""
+    head = cluster.head
+    url = head.dashboard_url
+    assert head.http("/api/version", token=None)[0] == 401
+    assert head.http("/api/version", token="0" * 64)[0] == 403
+    refused = _cli(["job", "list", "--address", url], node_env(None, tmp_path), timeout=120)
+    assert refused.returncode != 0
+    assert "401" in refused.stdout + refused.stderr or "Unauthorized" in refused.stdout + refused.stderr
+
+    job_id = f"orrery-rehearsal-{uuid.uuid4().hex[:6]}"
     entry = [sys.executable, "-m", "experiments.run", "experiment=collect", "scale=rehearsal", "cluster=remote",
              "experiment.num_transitions=120", "experiment.num_shards=2", "experiment.envs_per_shard=2",
              f"pool.name={POOL}", f"output_dir={cluster.out}", "run_name=job"]
-    job_id = f"orrery-rehearsal-{uuid.uuid4().hex[:6]}"
-    submit = subprocess.run([ray_executable(), "job", "submit", "--address", url, "--submission-id", job_id,
-                             "--working-dir", ".", "--runtime-env", "configs/runtime_env.yaml", "--", *entry],
-                            cwd=ROOT, env=cluster.env, capture_output=True, text=True, timeout=600)
+    submit = _cli(["job", "submit", "--address", url, "--submission-id", job_id, "--working-dir", ".",
+                   "--runtime-env", "configs/runtime_env.yaml", "--", *entry], cluster.env, timeout=600)
     assert submit.returncode == 0, submit.stdout[-3000:] + submit.stderr[-3000:]
-    status, body = cluster.head.http(f"/api/jobs/{job_id}")
+    status, body = head.http(f"/api/jobs/{job_id}")
     assert status == 200 and json.loads(body)["status"] == "SUCCEEDED", body
-    assert cluster.summary("collect", "job")["transitions"] == 120
-    refused = subprocess.run([ray_executable(), "job", "list", "--address", url], cwd=ROOT,
-                             env=node_env(None, cluster.out), capture_output=True, text=True, timeout=120)
-    assert refused.returncode != 0, "a client without the token must be refused"
+    logs = json.loads(head.http(f"/api/jobs/{job_id}/logs")[1])["logs"]
+    assert "collected 120 transitions of Humanoid-v5 in 2 shards" in logs, logs[-3000:]
+    assert f"run directory: {cluster.out / 'collect' / 'job'}" in logs
+
+    run = cluster.out / "collect" / "job"
+    data = ParquetStore(run / "data" / "transitions").to_numpy(["shard", "reward"])
+    assert len(data["reward"]) == 120 and sorted(set(data["shard"].tolist())) == [0, 1]
+    summary = cluster.summary("collect", "job")
+    assert summary["transitions"] == 120 and summary["pool"]["requests"] == 2
+
+    packages = [p for p in (head.temp_dir / "session_latest" / "runtime_resources" / "working_dir_files").glob("*")
+                if p.is_dir()]
+    assert len(packages) == 1, packages
+    pkg = packages[0]
+    assert (pkg / "experiments" / "run.py").exists() and (pkg / "configs" / "config.yaml").exists()
+    for excluded in (".git", ".venv", "runs", ".pytest_cache", "benchmarks/out", "MUJOCO_LOG.TXT"):
+        assert not (pkg / excluded).exists(), f"{excluded} was uploaded"
+    assert not list(pkg.rglob("__pycache__"))
 
 
 def _tiny_tour() -> list[str]:
