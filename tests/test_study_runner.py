@@ -16,7 +16,7 @@ import pytest
 
 from benchmarks.study.core import Study, StudyError, Unit
 from benchmarks.study.records import load_records
-from benchmarks.study.runner import commit_results, report, Paths, run_unit_inline, status_rows
+from benchmarks.study.runner import commit_results, format_status, report, Paths, run_unit_inline, status_rows
 
 ROOT = Path(__file__).resolve().parents[1]
 TOY = "tests.study_toy:STUDY"
@@ -159,6 +159,16 @@ def test_status_counts_done_pending_and_cost(tmp_path):
     assert proc.returncode == 0, proc.stderr
     for study in ("lift", "vidd_molecule", "vidd_dna", "attnrl"):
         assert study in proc.stdout
+
+
+def test_status_names_units_that_failed_here_in_one_short_line(tmp_path):
+    """Many refused units (AttnRL's after a failed gate) are counted, not listed: the line stays readable."""
+    row = {"study": "toy", "done": 0, "units": 9, "pending": 9, "runnable": 0, "report_done": 0, "report_units": 5,
+           "core_h_spent": 0.0, "core_h_left": 1.0, "start_sha": "-", "stages": [], "failure_logs": "/x/toy",
+           "failed_here": [f"tune-m{i}-s100" for i in range(18)]}
+    line = format_status([row]).splitlines()[2]
+    assert line.endswith("failed here: tune-m0-s100, tune-m1-s100 and 16 more (logs: /x/toy)"), line
+    assert "failed here" not in format_status([{**row, "failed_here": []}])
 
 
 def test_commit_results_commits_only_the_study_folder(tmp_path):

@@ -436,11 +436,21 @@ def status_rows(which: str, paths: Paths) -> list[dict]:
         reported = [u for u in plan if u.role == "report"]
         rows.append({"study": study.name, "done": len(plan) - len(pending), "units": len(plan),
                      "pending": len(pending), "runnable": len(ready), "waiting": waiting,
-                     "failed_here": failed, "core_h_left": left / 3600,
+                     "failed_here": failed, "failure_logs": str(paths.failure(study.name, "-").parent),
+                     "core_h_left": left / 3600,
                      "core_h_spent": sum(r["cpu_s"] for r in records) / 3600,
                      "report_done": sum(u.name in by_name for u in reported), "report_units": len(reported),
                      "start_sha": (start_sha(study, paths) or "-")[:12], "stages": in_progress})
     return rows
+
+
+def _failed_note(row: dict) -> str:
+    """The units that failed on this machine, short enough for one status line (their logs say why)."""
+    names = row["failed_here"]
+    if not names:
+        return ""
+    shown = ", ".join(names[:2]) + (f" and {len(names) - 2} more" if len(names) > 2 else "")
+    return f"  failed here: {shown} (logs: {row['failure_logs']})"
 
 
 def format_status(rows: list[dict]) -> str:
@@ -453,8 +463,7 @@ def format_status(rows: list[dict]) -> str:
             continue
         lines.append(f"{r['study']:<15}{r['done']:>5}/{r['units']:<4}{r['pending']:>9}{r['runnable']:>10}"
                      f"{r['report_done']:>5}/{r['report_units']:<4}{r['core_h_spent']:>14.2f}{r['core_h_left']:>13.2f}"
-                     f"  {r['start_sha']}" + (f"  failed here: {', '.join(r['failed_here'])}" if r["failed_here"]
-                                                else "")
+                     f"  {r['start_sha']}" + _failed_note(r)
                      + (f"  stage in progress: {'; '.join(r['stages'])}" if r["stages"] else ""))
     total = sum(r.get("core_h_left", 0.0) for r in rows)
     lines.append(f"core-hours left in all: {total:.2f} (measured cost per role and method where units finished, "
