@@ -189,3 +189,20 @@ def test_commit_results_commits_only_the_study_folder(tmp_path):
     files = run("show", "--name-only", "--format=", "HEAD").stdout.split()
     assert "benchmarks/results/toy/stage.json" in files and "code.py" not in files
     assert "code.py" in run("diff", "--cached", "--name-only").stdout  # still staged, not committed
+
+
+def test_a_background_lane_yields_the_cpu_and_its_units_inherit_it():
+    """`yield_the_cpu` puts the process on Linux's idle policy, and a unit it starts afterwards inherits it (a lane
+    started with nice >= 10 calls it before its first unit)."""
+    script = ("import os, subprocess, sys\n"
+              "from benchmarks.study.runner import yield_the_cpu\n"
+              "before = os.sched_getscheduler(0)\n"
+              "applied = yield_the_cpu()\n"
+              "child = subprocess.run([sys.executable, '-c', 'import os; print(os.sched_getscheduler(0))'],\n"
+              "                       capture_output=True, text=True).stdout.strip()\n"
+              "print(before, applied, os.sched_getscheduler(0), child)\n")
+    proc = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    before, applied, after, child = proc.stdout.split()
+    assert int(before) != os.SCHED_IDLE and applied == "True"
+    assert int(after) == int(child) == os.SCHED_IDLE
