@@ -125,6 +125,11 @@ def test_a_failing_request_gives_back_every_slot(pool_factory):
     with pytest.raises(SamplerError, match="boom"):
         pool.map("echo", [{"fail": "boom"}] + [{"sleep_s": 1.5}] * 3)
     start = time.monotonic()
+    # the running request's slot comes back when it ends (1.5 s, longer on a loaded machine): wait for that rather
+    # than race it, or one worker may serve the whole next map before the other is free (failed once under load)
+    while pool.stats()["inflight"] != [0, 0] and time.monotonic() - start < 20:
+        time.sleep(0.05)
+    assert pool.stats()["inflight"] == [0, 0], "a slot was not given back"
     out = _map_within(pool, [{"sleep_s": 1.0}] * 4, timeout_s=30)
     assert len({r["pid"] for r in out}) == 2, "both workers must serve again"
     assert time.monotonic() - start < 20
