@@ -206,9 +206,7 @@ def _pace(config: dict, step: int) -> None:
     step waits for the exploit, since a finished trial cannot be cloned."""
     root, tune_dir, trial = Path(config["root"]), Path(config["tune_dir"]), config["trial"]
     interval = config["perturbation_interval"]
-    if config["better"] and step == interval:
-        _wait_until(lambda: _pbt_has_scored(tune_dir, trial, interval))
-    elif not config["better"] and step == 2 * interval:
+    if step == (interval if config["better"] else 2 * interval):
         _wait_until(lambda: _pbt_has_scored(tune_dir, trial, interval))
     if config["better"] and step == config["steps"]:
         _wait_until(lambda: any(s["donor"] for s in _jsonl(root / "starts.jsonl")))
