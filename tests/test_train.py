@@ -1,8 +1,11 @@
 """Ray Train plumbing on the real cluster: 2 CPU workers (gloo DDP) keep identical parameters, checkpoints are
-written and a re-run with the same name resumes from the last one."""
+written, a re-run with the same name resumes from the last one, and the controller collects reports at
+``train.report_poll_s``."""
 from __future__ import annotations
 
 import json
+import os
+from pathlib import Path
 
 import pytest
 
@@ -33,20 +36,30 @@ def _toy_train_fn(config):
                         "step": step + 1}, d / "state.pt")
             ddp.report({"step": step + 1, "loss": loss.item(), "param_sum": flat.sum().item(),
                       "rank": ddp.rank()}, checkpoint_dir=d)
-        (config["out"] and open(f"{config['out']}/rank{ddp.rank()}.json", "w").write(json.dumps(flat.tolist())))
+        if config["out"]:
+            poll = os.environ.get("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S")  # handed on by the controller
+            (Path(config["out"]) / f"rank{ddp.rank()}.json").write_text(json.dumps({"params": flat.tolist(),
+                                                                                   "poll": poll}))
 
 
 def test_ddp_two_workers_identical_params_and_resume(ray_cluster, tmp_path):
     from cluster.train import fit
     from cluster.train import TrainConfig
-    train = TrainConfig(num_workers=2, cpus_per_worker=0.5)
+    train = TrainConfig(num_workers=2, cpus_per_worker=0.5, report_poll_s=0.3)
     out = tmp_path / "params"
     out.mkdir()
     result = fit(_toy_train_fn, {"steps": 5, "out": str(out)}, name="toy", storage_path=tmp_path, train=train)
-    p0 = json.loads((out / "rank0.json").read_text())
-    p1 = json.loads((out / "rank1.json").read_text())
-    assert p0 == pytest.approx(p1, abs=1e-7)
+    r0, r1 = (json.loads((out / f"rank{r}.json").read_text()) for r in (0, 1))
+    assert r0["params"] == pytest.approx(r1["params"], abs=1e-7)
+    assert r0["poll"] == r1["poll"] == "0.3", "the controller polls at train.report_poll_s (and hands it on)"
     assert result.metrics["step"] == 5 and result.checkpoint is not None
     result2 = fit(_toy_train_fn, {"steps": 3, "out": ""}, name="toy", storage_path=tmp_path,
                   train=TrainConfig(num_workers=1, cpus_per_worker=0.5))
     assert result2.metrics["step"] == 8, "the second fit must resume at step 5"
+
+
+def test_train_config_refuses_a_poll_interval_out_of_range():
+    from cluster.train import TrainConfig
+    for bad in (0, -1, 600):
+        with pytest.raises(ValueError, match="train.report_poll_s"):
+            TrainConfig(report_poll_s=bad)
