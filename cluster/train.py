@@ -97,8 +97,19 @@ def stage0(fn: Callable[..., Any], *args: Any, train: TrainConfig, **kwargs: Any
 def _run_from(train_fn: Callable[[dict], None], start_from: str | None, config: dict) -> None:
     """On each Train worker: the checkpoint to start from when this run has none of its own (a PBT donor's)."""
     from cluster import ddp
+    _quiet_report_log()
     ddp.START_FROM = start_from
     train_fn(config)
+
+
+def _quiet_report_log() -> None:
+    """Ray Train logs every report's full metrics at INFO from each worker (forwarded to the driver): a wall of text
+    around the learners' own progress lines. Those reports still reach the metrics files and the dashboard."""
+    try:
+        from ray.train.v2._internal.execution import context
+    except ImportError:  # another Ray layout: its logging is left as it is
+        return
+    logging.getLogger(context.__file__).setLevel(logging.WARNING)  # that module names its logger by its file
 
 
 def fit(train_fn: Callable[[dict], None], loop_config: dict[str, Any], *, name: str, storage_path: str | Path,

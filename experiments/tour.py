@@ -239,8 +239,8 @@ def run(cfg: dict, ctx) -> dict[str, Any]:
     start = time.perf_counter()
     for t in threads.values():
         t.start()
-    while any(t.is_alive() for t in threads.values()):
-        time.sleep(min(exp.status_every_s, 2.0))
+    while alive := [t for t in threads.values() if t.is_alive()]:
+        alive[0].join(timeout=min(exp.status_every_s, 2.0))  # returns as soon as that method's chain ends
         _print_status(stages, start, exp)
     _print_status(stages, start, exp, force=True)
     pool_stats = pool.stats()
