@@ -1,12 +1,32 @@
-"""What several test modules build: the VIDD tiny space (81 sequences, exact distributions), a tiny local Qwen2 with
-a character tokenizer, and an in-process stand-in for the pool's "lm" samplers. Fixtures live in conftest.py."""
+"""What several test modules build: a wait for a condition, the VIDD tiny space (81 sequences, exact distributions),
+a tiny local Qwen2 with a character tokenizer, and an in-process stand-in for the pool's "lm" samplers. Fixtures live
+in conftest.py."""
 from __future__ import annotations
 
+import subprocess
+import time
 from pathlib import Path
+from typing import Any, Callable
 
 import numpy as np
 import torch
 from torch import nn
+
+def wait_until(predicate: Callable[[], Any], timeout_s: float, what: str, proc: subprocess.Popen | None = None,
+               every_s: float = 0.05) -> Any:
+    """``predicate()``'s first truthy value, asked every ``every_s``; an AssertionError naming ``what`` after
+    ``timeout_s``, or at once when ``proc`` (a process the condition depends on) has exited."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        if proc is not None and proc.poll() is not None:
+            out = proc.stdout.read()[-3000:] if proc.stdout else ""
+            raise AssertionError(f"process exited ({proc.returncode}) before {what}:\n{out}")
+        time.sleep(every_s)
+    raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}")
+
 
 # -- VIDD: the tiny space ------------------------------------------------------------------------------------------
 

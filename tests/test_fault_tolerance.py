@@ -9,7 +9,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 import numpy as np
@@ -17,6 +16,7 @@ import ray
 
 from cluster.journal import read_commit
 from cluster.store import ParquetStore
+from tests.helpers import wait_until
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARDS, ENVS, STEPS = 8, 2, 150
@@ -28,17 +28,6 @@ def _collect_args(out: Path, run_name: str, pool: str, *extra: str) -> list[str]
             f"experiment.num_shards={SHARDS}", f"experiment.envs_per_shard={ENVS}", f"pool.name={pool}",
             f"output_dir={out}", f"run_name={run_name}", "seed=11", *extra]
 
-
-def _wait_for(predicate, timeout_s: float, what: str, proc: subprocess.Popen | None = None, every_s: float = 0.02):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        if proc is not None and proc.poll() is not None:
-            raise AssertionError(f"process exited ({proc.returncode}) before {what}:\n{proc.stdout.read()[-3000:]}")
-        time.sleep(every_s)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def _committed_step(run_path: Path) -> int:
@@ -73,7 +62,7 @@ def test_pool_worker_killed_mid_run(ray_cluster, pool_factory, tmp_path):
     def kill_worker():
         # kill while worker 0 runs a shard of this run (the pool's own count of its slots in use): waiting for the
         # first commit instead let a loaded machine finish every shard before the kill, and nothing was retried
-        _wait_for(lambda: run_path.exists() and pool.stats()["inflight"][0] > 0, 120, "worker 0 running a shard",
+        wait_until(lambda: run_path.exists() and pool.stats()["inflight"][0] > 0, 120, "worker 0 running a shard",
                   every_s=0.05)
         os.kill(pids[0], signal.SIGKILL)  # a crash, not a polite ray.kill
 
@@ -97,7 +86,7 @@ def test_driver_sigkill_then_resume(pool_name, tmp_path):
     proc = subprocess.Popen([sys.executable, "-m", "experiments.run", *args, f"cluster.address={gcs}"], cwd=ROOT,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
-        killed_at = _wait_for(lambda: _committed_step(run_path) >= 2 and _committed_step(run_path), 180,
+        killed_at = wait_until(lambda: _committed_step(run_path) >= 2 and _committed_step(run_path), 180,
                               "two committed shards", proc)
         proc.send_signal(signal.SIGKILL)
     finally:
@@ -128,7 +117,7 @@ def test_tune_trial_killed_is_retried_from_checkpoint(pool_name, tmp_path):
                 if _committed_step(attempts.parent) >= 2:
                     return json.loads(attempts.read_text().splitlines()[0])["pid"]
             return None
-        os.kill(_wait_for(started_and_committed, 180, "a trial with two committed shards"), signal.SIGKILL)
+        os.kill(wait_until(started_and_committed, 180, "a trial with two committed shards"), signal.SIGKILL)
 
     killer = threading.Thread(target=kill_trial, daemon=True)
     killer.start()
@@ -191,13 +180,13 @@ def test_worker_node_leaves_mid_run(local_nodes, tmp_path):
     proc = subprocess.Popen([sys.executable, "-m", "experiments.run", *args], cwd=ROOT, env=head.env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
-        placed = _wait_for(lambda: len(p := _pool_actor_nodes(head, pool)) == 2 and p, 180, "the pool", proc,
+        placed = wait_until(lambda: len(p := _pool_actor_nodes(head, pool)) == 2 and p, 180, "the pool", proc,
                            every_s=0.5)
         assert len(set(placed.values())) == 2, f"pool not spread over both nodes: {placed}"
         (leaving,) = set(placed.values()) - {head_node}
         # Shards are committed in order, so progress says little about the other node: ask the state API
         # for a request running there, then take the node away in the middle of it.
-        _wait_for(lambda: _requests_running_on(head, leaving), 180, "a request on the worker node", proc,
+        wait_until(lambda: _requests_running_on(head, leaving), 180, "a request on the worker node", proc,
                   every_s=0.25)
         worker.stop(graceful=False)  # the node vanishes: raylet, workers and all, without a goodbye
         out, _ = proc.communicate(timeout=300)
@@ -209,6 +198,6 @@ def test_worker_node_leaves_mid_run(local_nodes, tmp_path):
     assert summary["pool"]["retries"] >= 1 and summary["pool"]["restarts"] >= 1, summary["pool"]
     _check_complete(run_path)
     # the lost worker was restarted on the head (maybe after the run, which did not need to wait for it)
-    after = _wait_for(lambda: len(p := _pool_actor_nodes(head, pool)) == 2 and p, 60, "the restarted worker",
+    after = wait_until(lambda: len(p := _pool_actor_nodes(head, pool)) == 2 and p, 60, "the restarted worker",
                       every_s=0.5)
     assert len(set(after.values())) == 1, f"both workers should now be on the head: {after}"

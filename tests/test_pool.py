@@ -13,6 +13,7 @@ import pytest
 import ray
 
 from cluster.pool import SamplerError
+from tests.helpers import wait_until
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -127,9 +128,7 @@ def test_a_failing_request_gives_back_every_slot(pool_factory):
     start = time.monotonic()
     # the running request's slot comes back when it ends (1.5 s, longer on a loaded machine): wait for that rather
     # than race it, or one worker may serve the whole next map before the other is free (failed once under load)
-    while pool.stats()["inflight"] != [0, 0] and time.monotonic() - start < 20:
-        time.sleep(0.05)
-    assert pool.stats()["inflight"] == [0, 0], "a slot was not given back"
+    wait_until(lambda: pool.stats()["inflight"] == [0, 0], 20, "every slot given back")
     out = _map_within(pool, [{"sleep_s": 1.0}] * 4, timeout_s=30)
     assert len({r["pid"] for r in out}) == 2, "both workers must serve again"
     assert time.monotonic() - start < 20

@@ -15,16 +15,8 @@ from cluster.pool import RequestTimeout, SamplerError, SharedPool
 from cluster.pool_config import PoolConfig
 from cluster.pool_manager import Slots
 from cluster.pool_worker import config_digest
+from tests.helpers import wait_until
 
-
-def _wait_until(predicate, timeout_s: float, what: str):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 # -- time limits -----------------------------------------------------------------------------------------------------
@@ -48,7 +40,7 @@ def test_a_stuck_request_times_out_and_its_worker_is_replaced(pool_factory):
         pool.map("echo", [{"sleep_s": 0.1}, {"sleep_s": 60}, {"sleep_s": 0.1}])
     assert time.monotonic() - start < 30, "the map must end at the time limit, not when the request does"
     # the stuck worker was killed and Ray restarted it: the next map runs on both workers, one of them new
-    out = _wait_until(lambda: (o := pool.map("echo_patient", [{"sleep_s": 0.3}] * 4)) and
+    out = wait_until(lambda: (o := pool.map("echo_patient", [{"sleep_s": 0.3}] * 4)) and
                       len({r["pid"] for r in o}) == 2 and o, 90, "both workers serving again")
     assert len({r["pid"] for r in out} - pids) == 1, "the timed-out worker's process must have been replaced"
     stats = pool.stats()
@@ -62,7 +54,7 @@ def test_a_stuck_request_times_out_and_its_worker_is_replaced(pool_factory):
 def test_attach_stats_and_release_answer_while_every_worker_is_busy(pool_factory):
     pool = pool_factory(num_workers=2)
     busy = pool.submit("echo", [{"sleep_s": 12}] * 2)
-    _wait_until(lambda: pool.stats()["inflight"] == [1, 1], 30, "both workers busy")
+    wait_until(lambda: pool.stats()["inflight"] == [1, 1], 30, "both workers busy")
     start = time.monotonic()
     second = SharedPool.attach({"name": pool.name}, create=False)  # another driver, as it would attach
     assert second.stats()["inflight"] == [1, 1]
@@ -149,7 +141,7 @@ def test_two_waiting_clients_on_one_worker_take_turns(pool_factory):
     threads = [threading.Thread(target=a_map, daemon=True) for _ in range(3)]
     for t in threads:
         t.start()
-    _wait_until(lambda: pool.stats()["queued"] >= 12, 30, "A's maps queued")
+    wait_until(lambda: pool.stats()["queued"] >= 12, 30, "A's maps queued")
     b = SharedPool(pool.manager, pool.cfg, scope="b")  # another client: its own turn
     arrivals.append("B start")
     b.map("echo", [{"sleep_s": 0.4}] * 2)
@@ -181,10 +173,10 @@ def test_an_abandoned_map_stops_launching_and_strands_no_waiter(pool_factory):
     assert pool.stats()["requests"] == served, "a closed imap went on launching requests"
     # a client whose waiting map is abandoned ahead of another waiting client strands no one
     running = pool.submit("echo", [{"sleep_s": 1.5}])
-    _wait_until(lambda: pool.stats()["inflight"] == [1], 30, "the worker busy")
+    wait_until(lambda: pool.stats()["inflight"] == [1], 30, "the worker busy")
     gone = SharedPool(pool.manager, pool.cfg, scope="gone").submit("echo", [{"sleep_s": 0.1}])
     waiting = SharedPool(pool.manager, pool.cfg, scope="waiting").submit("echo", [{"sleep_s": 0.1}])
-    _wait_until(lambda: pool.stats()["queued"] == 2, 30, "both clients waiting")
+    wait_until(lambda: pool.stats()["queued"] == 2, 30, "both clients waiting")
     with pytest.raises(TimeoutError):
         gone.result(timeout=0.1)
     assert len(running.result(timeout=30)) == 1
@@ -328,6 +320,6 @@ def test_a_map_whose_driver_is_killed_stops_launching(pool_factory, ray_cluster)
         before = pool.stats()["requests"]
         time.sleep(1.5)
         return [before] if pool.stats()["requests"] == before else []
-    (served,) = _wait_until(settled, 30, "the dead driver's map to stop")
+    (served,) = wait_until(settled, 30, "the dead driver's map to stop")
     assert served < 20, f"{served} of the dead driver's 60 requests ran"
     assert pool.stats()["inflight"] == [0]

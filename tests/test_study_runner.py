@@ -16,6 +16,7 @@ import pytest
 
 from benchmarks.study.core import Study, StudyError, Unit
 from benchmarks.study.records import load_records
+from tests.helpers import wait_until
 from benchmarks.study.runner import commit_results, format_status, report, Paths, run_unit_inline, status_rows
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -27,14 +28,6 @@ def lane(results: Path, *extra: str, env: dict | None = None) -> subprocess.Pope
                              "--no-commit", *extra], cwd=ROOT, env={**os.environ, **(env or {})},
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
-
-def wait_for(predicate, timeout: float = 60.0) -> None:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if predicate():
-            return
-        time.sleep(0.05)
-    raise AssertionError("condition not reached in time")
 
 
 def test_plan_rules():
@@ -59,11 +52,11 @@ def test_killed_lane_loses_only_the_unit_in_progress_and_the_study_resumes(tmp_p
     first = lane(results, env={"TOY_UNIT_S": "1.0", "TOY_STEP_S": "0.01"})
     toy = results / "toy"
     # wait until two method units are recorded and a third has started, then kill the lane mid-unit
-    wait_for(lambda: len([r for r in load_records(toy) if r["role"] != "stage"]) >= 2)
+    wait_until(lambda: len([r for r in load_records(toy) if r["role"] != "stage"]) >= 2, 60, "two records")
     done_before = {r["unit"] for r in load_records(toy)}
     started = {p.parent.name for p in (tmp_path / "results-work" / "work" / "toy").glob("*/started")}
-    wait_for(lambda: len({p.parent.name for p in (tmp_path / "results-work" / "work" / "toy").glob("*/started")})
-             > len(started) or len(load_records(toy)) > len(done_before))
+    wait_until(lambda: len({p.parent.name for p in (tmp_path / "results-work" / "work" / "toy").glob("*/started")})
+               > len(started) or len(load_records(toy)) > len(done_before), 60, "the next unit to start")
     first.send_signal(signal.SIGKILL)
     first.wait()
     time.sleep(2.0)  # the unit process dies with its lane (PR_SET_PDEATHSIG); it must not write a record later
@@ -94,7 +87,8 @@ def test_long_stage_resumes_from_its_checkpoint(tmp_path):
     # calls of ~0.3 s: the stage returns "checkpointed" several times; the lane is killed in the middle of it
     first = lane(results, env={"ORRERY_STUDY_CALL_S": "0.3", "TOY_STEP_S": "0.05"})
     import torch
-    wait_for(lambda: checkpoint.exists() and torch.load(checkpoint, weights_only=False)["step"] >= 12)
+    wait_until(lambda: checkpoint.exists() and torch.load(checkpoint, weights_only=False)["step"] >= 12, 60,
+               "a checkpoint at step 12")
     first.send_signal(signal.SIGKILL)
     first.wait()
     time.sleep(1.0)

@@ -22,6 +22,7 @@ from cluster.metrics import MetricsLogger
 from cluster.store import ParquetStore
 from experiments.config import ConfigError, load
 from experiments.sweep import _select_sweep, check, trial_overrides
+from tests.helpers import wait_until
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -175,11 +176,6 @@ def test_sweep_killed_then_resumed(pool_name, tmp_path):
 PBT_INTERVAL = 2
 
 
-def _wait_until(ready, timeout_s: float = 120.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not ready() and time.monotonic() < deadline:
-        time.sleep(0.1)
-
 
 def _jsonl(path: Path) -> list[dict]:
     rows = []
@@ -207,9 +203,9 @@ def _pace(config: dict, step: int) -> None:
     root, tune_dir, trial = Path(config["root"]), Path(config["tune_dir"]), config["trial"]
     interval = config["perturbation_interval"]
     if step == (interval if config["better"] else 2 * interval):
-        _wait_until(lambda: _pbt_has_scored(tune_dir, trial, interval))
+        wait_until(lambda: _pbt_has_scored(tune_dir, trial, interval), 120, f"PBT to score the other trial's step {interval}", every_s=0.1)
     if config["better"] and step == config["steps"]:
-        _wait_until(lambda: any(s["donor"] for s in _jsonl(root / "starts.jsonl")))
+        wait_until(lambda: any(s["donor"] for s in _jsonl(root / "starts.jsonl")), 120, "the exploit", every_s=0.1)
 
 
 def _counting_learner(config: dict) -> None:
