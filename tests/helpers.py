@@ -1,8 +1,9 @@
-"""What several test modules build: a wait for a condition, the VIDD tiny space (81 sequences, exact distributions),
-a tiny local Qwen2 with a character tokenizer, and an in-process stand-in for the pool's "lm" samplers. Fixtures live
-in conftest.py."""
+"""What several test modules build: a wait for a condition, the tour's test budget and its checks, the VIDD tiny
+space (81 sequences, exact distributions), a tiny local Qwen2 with a character tokenizer, and an in-process stand-in
+for the pool's "lm" samplers. Fixtures live in conftest.py."""
 from __future__ import annotations
 
+import json
 import subprocess
 import time
 from pathlib import Path
@@ -11,6 +12,7 @@ from typing import Any, Callable
 import numpy as np
 import torch
 from torch import nn
+
 
 def wait_until(predicate: Callable[[], Any], timeout_s: float, what: str, proc: subprocess.Popen | None = None,
                every_s: float = 0.05) -> Any:
@@ -26,6 +28,32 @@ def wait_until(predicate: Callable[[], Any], timeout_s: float, what: str, proc: 
             raise AssertionError(f"process exited ({proc.returncode}) before {what}:\n{out}")
         time.sleep(every_s)
     raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}")
+
+
+# -- the tour ----------------------------------------------------------------------------------------------------
+
+TINY = ["experiment.tiny=true"]  # every stage's declared test budget (experiments/<method>/tour.py)
+
+
+def check_tour(tour_run: Path, methods: list[str] | None = None) -> None:
+    """The tour's report has every section, plot and claim row, and each method's numbers are the ones in its runs'
+    files (each method's own ``check``)."""
+    from experiments.tour import _load_attr, tour_parts
+    report_dir = tour_run / "report"
+    report = (report_dir / "report.md").read_text()
+    data = json.loads((report_dir / "report.json").read_text())
+    assert data["failures"] == [], data["failures"]
+    for heading in ("## What each paper claims", "## Shared pool", "## Runs", "## Plots"):
+        assert heading in report
+    for plot in data["plots"]:
+        assert (report_dir / plot).stat().st_size > 5_000 and f"({plot})" in report
+    for claim in data["claims"]:
+        assert f"| {claim['paper']} | {claim['claim']} | {claim['observed']} | {claim['holds']} |" in report
+    parts = tour_parts()
+    for method in methods or list(parts):
+        assert parts[method].check, f"{method} declares no tour check"
+        _load_attr(parts[method].check)(tour_run, report, data)
+        assert f"Rerun at paper scale: `{parts[method].paper_scale}`" in report
 
 
 # -- VIDD: the tiny space ------------------------------------------------------------------------------------------

@@ -124,7 +124,7 @@ def test_collect_as_a_submitted_job_with_token_auth(cluster, tmp_path):
 
 def _tiny_tour() -> list[str]:
     """The tour's test budgets (tests/test_tour.py); LIFT pretraining also checkpoints mid-run, each rank its shard."""
-    from tests.test_tour import TINY
+    from tests.helpers import TINY
     return [*TINY, '+experiment.overrides.lift_pretrain=["experiment.checkpoint_every_updates=256"]']
 
 
@@ -134,7 +134,7 @@ def test_tour_every_method_with_ddp_learners_on_one_pool(cluster):
     pretraining rank checkpoints its own shard and replay, and each LIFT finetuning rank keeps (and checkpoints) its
     own real env shard."""
     from cluster.metrics import read_metrics
-    from tests.test_tour import check_tour
+    from tests.helpers import check_tour
     cluster.run("experiment=tour", "run_name=t", *_tiny_tour(), timeout=1500)
     tour = cluster.out / "tour" / "t"
     check_tour(tour)

@@ -3,7 +3,6 @@ tour loops over them. The full tour with tiny budgets runs in tests/test_rehears
 (``TINY``, ``check_tour``); here one method's tour runs on the embedded cluster, and the pieces are checked alone."""
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 from types import SimpleNamespace
@@ -11,30 +10,7 @@ from types import SimpleNamespace
 import pytest
 
 from experiments.tour import TourPart, merge_overrides, tour_parts
-
-TINY = ["experiment.tiny=true"]  # every stage's declared test budget (experiments/<method>/tour.py)
-
-
-def check_tour(tour_run: Path, methods: list[str] | None = None) -> None:
-    """The tour's report has every section, plot and claim row, and each method's numbers are the ones in its runs'
-    files (each method's own ``check``)."""
-    from experiments.tour import _load_attr
-    report_dir = tour_run / "report"
-    report = (report_dir / "report.md").read_text()
-    data = json.loads((report_dir / "report.json").read_text())
-    assert data["failures"] == [], data["failures"]
-    for heading in ("## What each paper claims", "## Shared pool", "## Runs", "## Plots"):
-        assert heading in report
-    for plot in data["plots"]:
-        assert (report_dir / plot).stat().st_size > 5_000 and f"({plot})" in report
-    for claim in data["claims"]:
-        assert f"| {claim['paper']} | {claim['claim']} | {claim['observed']} | {claim['holds']} |" in report
-    parts = tour_parts()
-    for method in methods or list(parts):
-        assert parts[method].check, f"{method} declares no tour check"
-        _load_attr(parts[method].check)(tour_run, report, data)
-        assert f"Rerun at paper scale: `{parts[method].paper_scale}`" in report
-
+from tests.helpers import TINY, check_tour
 
 def test_every_method_declares_a_tour_part_with_importable_section_and_check():
     from experiments.registry import experiment_modules
