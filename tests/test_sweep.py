@@ -176,7 +176,6 @@ def test_sweep_killed_then_resumed(pool_name, tmp_path):
 PBT_INTERVAL = 2
 
 
-
 def _jsonl(path: Path) -> list[dict]:
     rows = []
     for line in (path.read_text().splitlines() if path.exists() else []):
@@ -203,7 +202,8 @@ def _pace(config: dict, step: int) -> None:
     root, tune_dir, trial = Path(config["root"]), Path(config["tune_dir"]), config["trial"]
     interval = config["perturbation_interval"]
     if step == (interval if config["better"] else 2 * interval):
-        wait_until(lambda: _pbt_has_scored(tune_dir, trial, interval), 120, f"PBT to score the other trial's step {interval}", every_s=0.1)
+        wait_until(lambda: _pbt_has_scored(tune_dir, trial, interval), 120,
+                   f"PBT to score the other trial's step {interval}", every_s=0.1)
     if config["better"] and step == config["steps"]:
         wait_until(lambda: any(s["donor"] for s in _jsonl(root / "starts.jsonl")), 120, "the exploit", every_s=0.1)
 
