@@ -230,6 +230,40 @@ def _short(value: Any) -> str:
 
 # ------------------------------------------------------------------------------------------------ running a sweep
 
+_SESSION_TIME = re.compile(r"-\d{4}-\d{2}-\d{2}_\d{2}-\d{2}-\d{2}(?=\.\w+$)")
+
+
+class SweepStateError(RuntimeError):
+    """Tune's saved state of a sweep cannot be read back, so a resume cannot know which trials remain."""
+
+
+def check_resumable(storage: Path) -> None:
+    """Refuse, in one line, to resume from a Tune state file that a kill cut short.
+
+    Tune writes its state atomically in the driver's staging folder but copies it into ``storage`` file by file, so a
+    sweep killed during that copy leaves a truncated file there. Tune then logs the failed restore and silently starts
+    the sweep over, with a trial that has none of the sweep's parameters (seen once in the kill-and-resume test)."""
+    import json
+
+    import ray.cloudpickle as cloudpickle
+    newest: dict[str, Path] = {}  # Tune reads only the newest file of each kind (names end in the session's time)
+    for path in sorted([*storage.glob("*.json"), *storage.glob("*.pkl")]):
+        if not path.name.startswith("."):  # Tune's own temporary files
+            newest[_SESSION_TIME.sub("", path.name)] = path
+    for path in newest.values():
+        try:
+            if path.name.startswith("experiment_state"):
+                json.loads(path.read_text())
+            else:  # the search algorithm's and the callbacks' state: pickles, whatever the suffix
+                with path.open("rb") as f:
+                    cloudpickle.load(f)
+        except Exception as err:  # noqa: BLE001 - any failure to read it back is the same refusal
+            raise SweepStateError(
+                f"cannot resume sweep {storage}: Tune's state file {path.name} is incomplete ({type(err).__name__}); "
+                f"the sweep was killed while Tune copied it. Start it again under a new run_name (finished trials' "
+                f"records stay in this run's trials/ folder)") from None
+
+
 def run_sweep(trainable: Callable[..., None], sweep: SweepConfig, storage: Path, *, resume: bool,
               **trainable_kwargs: Any):
     """Run (or, with ``resume``, restore and finish) the sweep: ``trainable(params, **trainable_kwargs)`` per trial,
@@ -240,6 +274,7 @@ def run_sweep(trainable: Callable[..., None], sweep: SweepConfig, storage: Path,
     os.environ.setdefault("TUNE_DISABLE_STRICT_METRIC_CHECKING", "1")
     pbt = sweep.scheduler.name == "pbt"
     if resume and tune.Tuner.can_restore(str(storage)):
+        check_resumable(storage)
         log.info("restoring sweep %s", storage)
         tuner = tune.Tuner.restore(str(storage), trainable=wrapped, resume_unfinished=True, resume_errored=True)
     else:

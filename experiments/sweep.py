@@ -158,8 +158,12 @@ def main(argv: list[str] | None = None) -> Any:
     except StorageNotShared as err:
         print(f"storage error: {err}", file=sys.stderr)
         raise SystemExit(2)
-    results = sweep_tune.run_sweep(run_trial, sweep, path / TUNE_DIR, resume=cfg["resume"], base=base,
-                                   sweep_path=str(path), experiment=cfg["experiment"]["name"])
+    try:
+        results = sweep_tune.run_sweep(run_trial, sweep, path / TUNE_DIR, resume=cfg["resume"], base=base,
+                                       sweep_path=str(path), experiment=cfg["experiment"]["name"])
+    except sweep_tune.SweepStateError as err:
+        print(f"sweep error: {err}", file=sys.stderr)
+        raise SystemExit(2)
     return report(results, sweep, path)
 
 

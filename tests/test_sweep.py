@@ -137,7 +137,10 @@ def test_sweep_killed_then_resumed(pool_name, tmp_path):
     proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         deadline = time.monotonic() + 240
-        while not terminated() and proc.poll() is None and time.monotonic() < deadline:
+        # kill once a trial is recorded finished and every state file Tune would read back is whole: Tune copies
+        # them into the sweep folder one by one, and a kill amid that copy is refused on resume (the test below)
+        while not (terminated() and _state_readable(sweep_path / "tune")) and proc.poll() is None \
+                and time.monotonic() < deadline:
             time.sleep(0.05)
         proc.send_signal(signal.SIGKILL)
         out = proc.communicate()[0]
@@ -174,6 +177,15 @@ def test_sweep_killed_then_resumed(pool_name, tmp_path):
 # -- PBT over a Ray Train learner: the recipient continues from the donor's learner state -------------------------
 
 PBT_INTERVAL = 2
+
+
+def _state_readable(tune_dir: Path) -> bool:
+    from cluster.tune import SweepStateError, check_resumable
+    try:
+        check_resumable(tune_dir)
+        return True
+    except SweepStateError:
+        return False
 
 
 def _jsonl(path: Path) -> list[dict]:
@@ -277,3 +289,21 @@ def test_pbt_exploit_moves_the_learner_state(ray_cluster, tmp_path):
         assert written_by - {start["trial"]}, (start, states)
     for name, df in ((r.metrics_dataframe["trial_id"].iloc[0], r.metrics_dataframe) for r in results):
         assert not df.empty and df["step"].iloc[-1] >= 4, (name, df[["step", "value"]].values.tolist())
+
+
+def test_a_tune_state_file_cut_short_by_a_kill_refuses_the_resume(tmp_path):
+    """Tune copies its state into the sweep folder file by file; a kill during the copy left an empty search-algorithm
+    state, and Tune then silently started the sweep over with a trial that had none of its parameters. Only the
+    newest file of each kind counts (Tune reads no other)."""
+    import ray.cloudpickle as cloudpickle
+    from cluster.tune import SweepStateError, check_resumable
+    (tmp_path / "experiment_state-2026-12-04_20-27-42.json").write_text(json.dumps({"trial_data": []}))
+    (tmp_path / "tuner.pkl").write_bytes(cloudpickle.dumps({"a": 1}))
+    (tmp_path / "basic-variant-state-2026-12-04_20-27-42.json").write_bytes(b"")
+    with pytest.raises(SweepStateError, match="basic-variant-state-2026-12-04_20-27-42.json is incomplete"):
+        check_resumable(tmp_path)
+    (tmp_path / "basic-variant-state-2026-12-04_20-30-00.json").write_bytes(cloudpickle.dumps({"remaining": 1}))
+    check_resumable(tmp_path)  # a later session wrote a whole one: that is the one Tune reads
+    (tmp_path / "experiment_state-2026-12-04_20-30-00.json").write_text('{"trial_data": [')
+    with pytest.raises(SweepStateError, match="experiment_state-2026-12-04_20-30-00.json"):
+        check_resumable(tmp_path)
