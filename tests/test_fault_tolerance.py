@@ -29,7 +29,6 @@ def _collect_args(out: Path, run_name: str, pool: str, *extra: str) -> list[str]
             f"output_dir={out}", f"run_name={run_name}", "seed=11", *extra]
 
 
-
 def _committed_step(run_path: Path) -> int:
     commit = read_commit(run_path) if run_path.exists() else None
     return commit.step if commit else 0
@@ -63,7 +62,7 @@ def test_pool_worker_killed_mid_run(ray_cluster, pool_factory, tmp_path):
         # kill while worker 0 runs a shard of this run (the pool's own count of its slots in use): waiting for the
         # first commit instead let a loaded machine finish every shard before the kill, and nothing was retried
         wait_until(lambda: run_path.exists() and pool.stats()["inflight"][0] > 0, 120, "worker 0 running a shard",
-                  every_s=0.05)
+                   every_s=0.05)
         os.kill(pids[0], signal.SIGKILL)  # a crash, not a polite ray.kill
 
     killer = threading.Thread(target=kill_worker, daemon=True)
@@ -87,7 +86,7 @@ def test_driver_sigkill_then_resume(pool_name, tmp_path):
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         killed_at = wait_until(lambda: _committed_step(run_path) >= 2 and _committed_step(run_path), 180,
-                              "two committed shards", proc)
+                               "two committed shards", proc)
         proc.send_signal(signal.SIGKILL)
     finally:
         proc.kill()
@@ -181,13 +180,13 @@ def test_worker_node_leaves_mid_run(local_nodes, tmp_path):
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         placed = wait_until(lambda: len(p := _pool_actor_nodes(head, pool)) == 2 and p, 180, "the pool", proc,
-                           every_s=0.5)
+                            every_s=0.5)
         assert len(set(placed.values())) == 2, f"pool not spread over both nodes: {placed}"
         (leaving,) = set(placed.values()) - {head_node}
         # Shards are committed in order, so progress says little about the other node: ask the state API
         # for a request running there, then take the node away in the middle of it.
         wait_until(lambda: _requests_running_on(head, leaving), 180, "a request on the worker node", proc,
-                  every_s=0.25)
+                   every_s=0.25)
         worker.stop(graceful=False)  # the node vanishes: raylet, workers and all, without a goodbye
         out, _ = proc.communicate(timeout=300)
     finally:
@@ -199,5 +198,5 @@ def test_worker_node_leaves_mid_run(local_nodes, tmp_path):
     _check_complete(run_path)
     # the lost worker was restarted on the head (maybe after the run, which did not need to wait for it)
     after = wait_until(lambda: len(p := _pool_actor_nodes(head, pool)) == 2 and p, 60, "the restarted worker",
-                      every_s=0.5)
+                       every_s=0.5)
     assert len(set(after.values())) == 1, f"both workers should now be on the head: {after}"

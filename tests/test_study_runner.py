@@ -16,8 +16,8 @@ import pytest
 
 from benchmarks.study.core import Study, StudyError, Unit
 from benchmarks.study.records import load_records
-from tests.helpers import wait_until
 from benchmarks.study.runner import commit_results, format_status, report, Paths, run_unit_inline, status_rows
+from tests.helpers import wait_until
 
 ROOT = Path(__file__).resolve().parents[1]
 TOY = "tests.study_toy:STUDY"
@@ -27,7 +27,6 @@ def lane(results: Path, *extra: str, env: dict | None = None) -> subprocess.Pope
     return subprocess.Popen([sys.executable, "-m", "benchmarks.study", TOY, "run", "--results", str(results),
                              "--no-commit", *extra], cwd=ROOT, env={**os.environ, **(env or {})},
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-
 
 
 def test_plan_rules():

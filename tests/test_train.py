@@ -37,7 +37,8 @@ def _toy_train_fn(config):
             ddp.report({"step": step + 1, "loss": loss.item(), "param_sum": flat.sum().item(),
                       "rank": ddp.rank()}, checkpoint_dir=d)
         if config["out"]:
-            poll = os.environ.get("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S")  # handed on by the controller
+            from cluster.train import REPORT_POLL_ENV
+            poll = os.environ.get(REPORT_POLL_ENV)  # handed on by the controller
             (Path(config["out"]) / f"rank{ddp.rank()}.json").write_text(json.dumps({"params": flat.tolist(),
                                                                                    "poll": poll}))
 
