@@ -113,6 +113,9 @@ class SharedPool:
         self.latest: dict[str, tuple[int, ray.ObjectRef]] = {}  # key -> (version, ref) this client published last
         # publish and recover one at a time: a recovery never re-publishes a version older than one published since
         self.lock = threading.RLock()
+        # what this client sent again after losing a map's stream (at-least-once execution: the manager may have run
+        # a re-sent request already, so its request count can exceed the requests asked for by at most "resent")
+        self.counts = {"recoveries": 0, "resent": 0}
 
     @classmethod
     def attach(cls, cfg: PoolConfig | dict | None = None, *, create: bool = True, scope: str | None = None,
@@ -187,6 +190,12 @@ class SharedPool:
         for key, (version, ref) in list(self.latest.items()):  # our refs outlived the manager: same versions
             ray.get(self.manager.publish.remote(key, [ref], self.scope, version))
 
+    def _resend(self, sampler: str, pending: dict[int, dict]) -> None:
+        self.counts["recoveries"] += 1
+        self.counts["resent"] += len(pending)
+        log.warning("pool %r: sending the %d requests of %r whose results had not arrived again",
+                    self.name, len(pending), sampler)
+
     def _call(self, make_ref) -> Any:
         for attempt in range(3):
             try:
@@ -237,12 +246,14 @@ class SharedPool:
                 if recoveries > 3:
                     raise
                 self._recover(err)
+                self._resend(sampler, pending)
             except ray.exceptions.RayTaskError as err:
                 cause = err.cause
                 if isinstance(cause, UnknownName) and recoveries < 3 and (
                         sampler in self.registered or weights in self.latest):
                     recoveries += 1  # a restarted manager that has not heard from this client yet
                     self._recover(cause)
+                    self._resend(sampler, pending)
                     continue
                 if isinstance(cause, SamplerError) and cause.request is not None:
                     i = order[cause.request]  # the manager counts in the list it was sent: name it as the caller does
@@ -276,7 +287,8 @@ class SharedPool:
         return self._call(lambda: self.manager.release.remote(scope))
 
     def stats(self) -> dict[str, Any]:
-        return self._call(lambda: self.manager.stats.remote())
+        """The manager's counts (every client's), and under ``client`` this client's recoveries and re-sent requests."""
+        return {**self._call(lambda: self.manager.stats.remote()), "client": dict(self.counts)}
 
     def workers(self, group: str = DEFAULT_GROUP) -> list:
         return self._call(lambda: self.manager.worker_handles.remote(group))

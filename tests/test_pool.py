@@ -161,6 +161,7 @@ def test_the_manager_dies_mid_run_and_every_result_arrives_once(pool_factory):
     assert all(w == {"w": 7} and v == 1 for _, w, v in seen), seen
     stats = pool.stats()
     assert stats["incarnation"] != before, "the manager must have restarted"
+    assert stats["client"]["recoveries"] >= 1 and 1 <= stats["client"]["resent"] <= 12, stats["client"]
     assert stats["weights_versions"] == {"policy": 1}
     assert pool.publish("policy", {"w": 8}) == 2  # versions go on from where the client was
     assert {r["weights"]["w"] for r in pool.map("echo", [{"echo_weights": True}] * 4, weights="policy")} == {8}

@@ -110,7 +110,9 @@ def test_collect_as_a_submitted_job_with_token_auth(cluster, tmp_path):
     data = ParquetStore(run / "data" / "transitions").to_numpy(["shard", "reward"])
     assert len(data["reward"]) == 120 and sorted(set(data["shard"].tolist())) == [0, 1]
     summary = cluster.summary("collect", "job")
-    assert summary["transitions"] == 120 and summary["pool"]["requests"] == 2
+    # each shard ran once, or again only if the client lost the map's stream and re-sent it (at least once)
+    served, resent = summary["pool"]["requests"], summary["pool"]["client"]["resent"]
+    assert summary["transitions"] == 120 and 2 <= served <= 2 + resent, (summary["pool"], logs[-3000:])
 
     packages = [p for p in (head.temp_dir / "session_latest" / "runtime_resources" / "working_dir_files").glob("*")
                 if p.is_dir()]
