@@ -55,7 +55,31 @@ def test_units_run_tiny_and_the_report_reads_their_records(tmp_path):
     ecit = run_unit_inline(STUDY, "pc-ecit-s10", tmp_path, overrides=TINY)
     assert full["dag"] == ecit["dag"]  # both variants score the same graph
     assert ecit["metrics"]["tests"] > 0 and 0 <= ecit["metrics"]["f1"] <= 1
+    control = run_unit_inline(STUDY, "control-fisherz-s10", tmp_path, overrides={**TINY, "control_ns": [480]})
+    assert set(control["metrics"]["480"]) == {*COMBINERS, "one_subset", "full"}
+    assert len(control["tests"]["480"]["null"][0]) == 480 // tuned["subset_size"]
     from benchmarks.study.ecit import report
     text = report(load_records(tmp_path / "ecit"), tmp_path / "out")
     assert text.startswith("## E-CIT") and f"| 240 | {tuned['combiner']} (tuned) |" in text
     assert "| full |" in text and (tmp_path / "out" / "ecit_time.png").exists()
+    assert "| Fisher-z, linear-Gaussian (control) | 480 |" in text and "| KCI, post-nonlinear t3 (the study) | 240 |" in text
+
+
+def test_the_subset_shift_predicts_stouffer_inflation_growing_with_sqrt_k():
+    """Uniform subset p-values give a mean z of 0 and the level; p-values pushed slightly towards 0 (z shifted by
+    0.15) pass one subset's 5 % tail nearly unchanged, yet predict a Stouffer type-I error that grows with K, as the
+    simulated one does."""
+    import numpy as np
+    from scipy.stats import norm
+
+    from benchmarks.study.ecit import subset_null_shift
+    rng = np.random.default_rng(0)
+    uniform = subset_null_shift(rng.uniform(size=(4000, 10)).tolist())
+    assert abs(uniform["mean"]) < 0.02 and abs(uniform["predicted_stouffer"] - 0.05) < 0.01
+    for k in (10, 160):
+        z = rng.normal(0.15, 1.0, size=(2000, k))
+        shifted = subset_null_shift(norm.sf(z).tolist())
+        simulated = float(np.mean(z.sum(axis=1) / np.sqrt(k) > norm.isf(0.05)))
+        assert shifted["low"] < 0.15 < shifted["high"]
+        assert abs(shifted["predicted_stouffer"] - simulated) < 0.04, (k, shifted, simulated)
+    assert shifted["predicted_stouffer"] > 0.5 and shifted["share_below_level"] < 0.08
