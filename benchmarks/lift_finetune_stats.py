@@ -328,9 +328,69 @@ def study_plot(records: list[dict], gates: dict[str, dict], changes: list[str], 
     plt.close(fig)
 
 
-def _holds(stat: tuple[float, float, float], lower_is_better: bool) -> str:
-    return {"better": "holds", "worse": "reversed (the other side is better)"}.get(
-        verdict(stat, lower_is_better), "not resolved (the interval includes 0)")
+def _versus(records: list[dict], change: str, method: str, baseline: str) -> dict[str, tuple[float, float, float]]:
+    return {k: paired_seeds(by_seed(records, change, method, k), by_seed(records, change, baseline, k))
+            for k in ("real_steps_to_recover_censored", "falls_per_1000")}
+
+
+def _word(stat: tuple[float, float, float], good: str, bad: str) -> str:
+    return {"better": good, "worse": bad}.get(verdict(stat, True), "n.s.")
+
+
+def _reading(records: list[dict], change: str, label: str, effects: dict, n: int, tally: dict[str, list[str]]) -> str:
+    """One change's reading: LIFT against SAC finetuning, against the matched control (same SAC steps per real step,
+    no model, stochastic real actions), and which factor of the 2x2 carries a difference. ``tally`` collects, per
+    finding, the changes where it holds, for the closing line."""
+    steps_key, falls_key = "real_steps_to_recover_censored", "falls_per_1000"
+    recovered = {m: (len(by_seed(records, change, m, "real_steps_to_recover")),
+                     len(by_seed(records, change, m, "final_return"))) for m in ("lift", BASELINE)}
+    base, matched = _versus(records, change, "lift", BASELINE), _versus(records, change, "lift", "sac_finetune_matched")
+    for name, stat in (("fewer steps than sac_finetune", base[steps_key]), ("fewer falls than sac_finetune",
+                       base[falls_key]), ("fewer steps than the matched control", matched[steps_key]),
+                       ("fewer falls than the matched control", matched[falls_key]),
+                       ("the model helps (steps)", effects[steps_key]["model"]),
+                       ("the model helps (falls)", effects[falls_key]["model"]),
+                       ("deterministic real actions help (steps)", effects[steps_key]["deterministic"]),
+                       ("deterministic real actions help (falls)", effects[falls_key]["deterministic"])):
+        if verdict(stat, True) == "better":
+            tally.setdefault(name, []).append(label)
+        elif verdict(stat, True) == "worse":
+            tally.setdefault(f"not: {name}", []).append(label)
+    none = " (neither recovered on any seed: the 4000-step budget on both sides)" if not (
+        recovered["lift"][0] or recovered[BASELINE][0]) else ""
+    e = {k: {f: f"{fmt_interval(effects[k][f], p)} {_word(effects[k][f], 'helps', 'hurts')}"
+             for f in ("model", "deterministic")} for k, p in ((steps_key, "{:.0f}"), (falls_key, "{:.2f}"))}
+    return (f"- **{label}** (recovered within 4000 real steps: lift {recovered['lift'][0]}/{recovered['lift'][1]}, "
+            f"sac_finetune {recovered[BASELINE][0]}/{recovered[BASELINE][1]}). LIFT − sac_finetune: real steps to 80 % "
+            f"{fmt_interval(base[steps_key], '{:.0f}')} {_word(base[steps_key], 'LIFT better', 'LIFT worse')}{none}, "
+            f"falls per 1000 {fmt_interval(base[falls_key], '{:.2f}')} "
+            f"{_word(base[falls_key], 'LIFT better', 'LIFT worse')}. LIFT − sac_finetune_matched (LIFT's SAC steps per "
+            f"real step, no model, stochastic actions): real steps {fmt_interval(matched[steps_key], '{:.0f}')} "
+            f"{_word(matched[steps_key], 'LIFT better', 'LIFT worse')}, falls "
+            f"{fmt_interval(matched[falls_key], '{:.2f}')} {_word(matched[falls_key], 'LIFT better', 'LIFT worse')}. "
+            f"2×2 (n = {n}; negative helps): the model, real steps {e[steps_key]['model']}, falls "
+            f"{e[falls_key]['model']}; deterministic real actions, real steps {e[steps_key]['deterministic']}, falls "
+            f"{e[falls_key]['deterministic']}.").replace("n.s..", "n.s.")
+
+
+def _overall(tally: dict[str, list[str]], changes: int) -> list[str]:
+    if not changes:
+        return []
+    def where(name: str) -> str:
+        got = tally.get(name, [])
+        return f"{len(got)} of {changes}" + (f" ({', '.join(got)})" if got else "")
+    return [f"- **Over the {changes} change{'s' if changes > 1 else ''}**: LIFT needs fewer real steps than SAC finetuning in "
+            f"{where('fewer steps than sac_finetune')} and falls less in {where('fewer falls than sac_finetune')}; "
+            f"against the matched control, fewer steps in {where('fewer steps than the matched control')} and fewer "
+            f"falls in {where('fewer falls than the matched control')}. In the 2×2 the model shortens recovery in "
+            f"{where('the model helps (steps)')} and cuts falls in {where('the model helps (falls)')}; deterministic "
+            f"real actions shorten recovery in {where('deterministic real actions help (steps)')} and cut falls in "
+            f"{where('deterministic real actions help (falls)')}. The opposite, with an interval excluding 0: LIFT "
+            f"slower than SAC finetuning in {where('not: fewer steps than sac_finetune')}, the model lengthening "
+            f"recovery in {where('not: the model helps (steps)')}, deterministic real actions lengthening it in "
+            f"{where('not: deterministic real actions help (steps)')}. Where LIFT beats SAC finetuning but not the matched "
+            f"control, the difference comes with LIFT's extra SAC steps per real step, not with its model or its "
+            f"deterministic real actions."]
 
 
 def study_report(records: list[dict], out_dir: Path) -> str:
@@ -393,7 +453,8 @@ def study_report(records: list[dict], out_dir: Path) -> str:
             chosen = "pending" if best is None else f"temperature {GRID[best]['temperature']}, tau {GRID[best]['tau']}"
             lines.append(f"| {m} | " + " | ".join(cells) + f" | {chosen} |")
         lines.append("")
-    readings = []
+    readings: list[str] = []
+    tally: dict[str, list[str]] = {}
     for c in CHANGES:
         if not any(r["role"] == "report" and r["setting"].get("change") == c for r in records):
             continue
@@ -413,26 +474,14 @@ def study_report(records: list[dict], out_dir: Path) -> str:
                                                                             "final_return"):
             lines += ["Appendix (LIFT's model ablations, seeds 10-11):", "",
                       *method_table(records, c, ("lift", *APPENDIX)), ""]
-        steps = paired_seeds(by_seed(records, c, "lift", "real_steps_to_recover_censored"),
-                             by_seed(records, c, BASELINE, "real_steps_to_recover_censored"))
-        falls = paired_seeds(by_seed(records, c, "lift", "falls_per_1000"),
-                             by_seed(records, c, BASELINE, "falls_per_1000"))
-        es, ef = effects["real_steps_to_recover_censored"], effects["falls_per_1000"]
-        readings.append(
-            f"- **{label}**: fewer real steps to 80 % than sac_finetune: {_holds(steps, True)} "
-            f"(lift − sac_finetune {fmt_interval(steps, '{:.0f}')}); fewer falls: {_holds(falls, True)} "
-            f"({fmt_interval(falls, '{:.2f}')} per 1000). The 2×2 (n = {n}): real steps, model effect "
-            f"{fmt_interval(es['model'], '{:.0f}')} ({_holds(es['model'], True)}), deterministic-actions effect "
-            f"{fmt_interval(es['deterministic'], '{:.0f}')} ({_holds(es['deterministic'], True)}); falls, model effect "
-            f"{fmt_interval(ef['model'], '{:.2f}')} ({_holds(ef['model'], True)}), deterministic-actions effect "
-            f"{fmt_interval(ef['deterministic'], '{:.2f}')} ({_holds(ef['deterministic'], True)}).")
+        readings.append(_reading(records, c, label, effects, n, tally))
     plot = out_dir / "lift_study.png"
     if any(r["role"] == "report" for r in records):
         study_plot(records, gates, [c for c in CHANGES if c in gates], plot)
         lines += [f"Plot: `benchmarks/results/lift/{plot.name}` (return vs real steps per change, falls per method).", ""]
     lines += ["Reading (generated from the intervals above; a claim holds only where the seed-paired 95 % interval "
               "excludes 0; never-recovered runs count as the 4000-step budget, so step differences are bounds):", "",
-              *(readings or ["- no reported units yet: nothing is claimed."]), "",
+              *(readings or ["- no reported units yet: nothing is claimed."]), *_overall(tally, len(readings)), "",
               f"Limits: Walker2d-v5 after {stage['metrics']['env_steps'] if stage else '?':,} pretraining steps stands in "
               "for LIFT's humanoids; LIFT's schedule is cut to "
               "0.3 -> 1.3 SAC steps per real step (the paper: 20) and 4000 real steps; evaluation is 3 deterministic "
