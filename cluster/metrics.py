@@ -102,7 +102,7 @@ class Progress:
         extra = " ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in info.items())
         pct = 100.0 * done / self.total if self.total else 100.0
         return (f"[{self.name}] {done:.0f}/{self.total:.0f} {self.unit} ({pct:.0f}%) {rate:.1f} {self.unit}/s "
-                f"ETA {eta_s} | {extra}")
+                f"ETA {eta_s}" + (f" | {extra}" if extra else ""))
 
 
 def read_metrics(run_path: str | Path):

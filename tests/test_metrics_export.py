@@ -121,6 +121,8 @@ def prometheus(metrics_head):
 def test_progress_line_past_the_budget_has_no_negative_eta():
     line = Progress("x", 3000, "env steps").line(3008, 100.0)
     assert "ETA 0:00" in line and "-" not in line.split("ETA", 1)[1].split("|")[0]
+    assert line.endswith("ETA 0:00"), "no dangling separator without extra fields"
+    assert Progress("x", 10, "n").line(5, 1.0, loss=0.5).endswith("ETA 0:05 | loss=0.5")
 
 
 @pytest.mark.slow
