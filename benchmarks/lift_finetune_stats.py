@@ -373,6 +373,31 @@ def _reading(records: list[dict], change: str, label: str, effects: dict, n: int
             f"{e[falls_key]['deterministic']}.").replace("n.s..", "n.s.")
 
 
+def _against_zero_shot(records: list[dict], change: str, label: str, zero_shot: float,
+                       tally: dict[str, list[str]]) -> str:
+    """Did finetuning beat not finetuning? Each method's final return (t-interval over seeds) against the pretrained
+    policy's zero-shot return in the changed env, and how far the return fell in the first evaluations."""
+    below, above, dips = [], [], []
+    for m in MAIN:
+        final = t_interval(list(by_seed(records, change, m, "final_return").values()))
+        if not math.isfinite(final[0]):
+            continue
+        if final[2] < zero_shot:
+            below.append(m)
+        elif final[1] > zero_shot:
+            above.append(m)
+        at_250 = list(by_seed(records, change, m, "return_at.250").values())
+        dips.append(float(np.mean(at_250)) if at_250 else math.nan)
+    tally.setdefault("zero-shot", []).append(
+        f"{label}: {len(below)} of {len(dips)} below, " + (f"{len(above)} above ({', '.join(above)})" if above
+                                                            else "none above"))
+    return (f"  - Against not finetuning at all (the pretrained policy zero-shot in the changed env: {zero_shot:.0f}): "
+            f"final return above it (interval wholly above) for {', '.join(above) or 'no method'}; below it for "
+            f"{', '.join(below) or 'no method'}." + (
+                f" Return after 250 real steps: {np.nanmin(dips):.0f} to {np.nanmax(dips):.0f} across methods (seed "
+                f"means)." if any(math.isfinite(d) for d in dips) else ""))
+
+
 def _overall(tally: dict[str, list[str]], changes: int) -> list[str]:
     if not changes:
         return []
@@ -386,11 +411,18 @@ def _overall(tally: dict[str, list[str]], changes: int) -> list[str]:
             f"{where('the model helps (steps)')} and cuts falls in {where('the model helps (falls)')}; deterministic "
             f"real actions shorten recovery in {where('deterministic real actions help (steps)')} and cut falls in "
             f"{where('deterministic real actions help (falls)')}. The opposite, with an interval excluding 0: LIFT "
-            f"slower than SAC finetuning in {where('not: fewer steps than sac_finetune')}, the model lengthening "
-            f"recovery in {where('not: the model helps (steps)')}, deterministic real actions lengthening it in "
-            f"{where('not: deterministic real actions help (steps)')}. Where LIFT beats SAC finetuning but not the matched "
+            f"slower than SAC finetuning in {where('not: fewer steps than sac_finetune')}, falling more in "
+            f"{where('not: fewer falls than sac_finetune')}, the model lengthening "
+            f"recovery in {where('not: the model helps (steps)')} and raising falls in "
+            f"{where('not: the model helps (falls)')}, deterministic real actions lengthening it in "
+            f"{where('not: deterministic real actions help (steps)')} and raising falls in "
+            f"{where('not: deterministic real actions help (falls)')}. Where LIFT beats SAC finetuning but not the matched "
             f"control, the difference comes with LIFT's extra SAC steps per real step, not with its model or its "
-            f"deterministic real actions."]
+            f"deterministic real actions."] + ([
+            f"- **Against not finetuning at all** (methods whose final-return interval lies wholly below or above the "
+            f"pretrained policy's zero-shot return in the changed env): {'; '.join(tally['zero-shot'])}. Below it, "
+            f"4000 real steps of finetuning left the policy worse than no update, whatever the method."]
+            if tally.get("zero-shot") else [])
 
 
 def study_report(records: list[dict], out_dir: Path) -> str:
@@ -475,13 +507,15 @@ def study_report(records: list[dict], out_dir: Path) -> str:
             lines += ["Appendix (LIFT's model ablations, seeds 10-11):", "",
                       *method_table(records, c, ("lift", *APPENDIX)), ""]
         readings.append(_reading(records, c, label, effects, n, tally))
+        if c in gates:
+            readings.append(_against_zero_shot(records, c, label, gates[c]["metrics"]["zero_shot_return"], tally))
     plot = out_dir / "lift_study.png"
     if any(r["role"] == "report" for r in records):
         study_plot(records, gates, [c for c in CHANGES if c in gates], plot)
         lines += [f"Plot: `benchmarks/results/lift/{plot.name}` (return vs real steps per change, falls per method).", ""]
     lines += ["Reading (generated from the intervals above; a claim holds only where the seed-paired 95 % interval "
               "excludes 0; never-recovered runs count as the 4000-step budget, so step differences are bounds):", "",
-              *(readings or ["- no reported units yet: nothing is claimed."]), *_overall(tally, len(readings)), "",
+              *(readings or ["- no reported units yet: nothing is claimed."]), *_overall(tally, len(tally.get("zero-shot", [])) or len(readings)), "",
               f"Limits: Walker2d-v5 after {stage['metrics']['env_steps'] if stage else '?':,} pretraining steps stands in "
               "for LIFT's humanoids; LIFT's schedule is cut to "
               "0.3 -> 1.3 SAC steps per real step (the paper: 20) and 4000 real steps; evaluation is 3 deterministic "
