@@ -63,6 +63,9 @@ def test_units_run_tiny_and_the_report_reads_their_records(tmp_path):
     assert text.startswith("## E-CIT") and f"| 240 | {tuned['combiner']} (tuned) |" in text
     assert "| full |" in text and (tmp_path / "out" / "ecit_time.png").exists()
     assert "| Fisher-z, linear-Gaussian (control) | 480 |" in text and "| KCI, post-nonlinear t3 (the study) | 240 |" in text
+    reading = text.split("### Reading", 1)[1]
+    for part in ("**Validity**", "**Why**", "**Control**", "**Power**", "**Cost**", "**PC at about equal CPU**"):
+        assert part in reading, part
 
 
 def test_the_subset_shift_predicts_stouffer_inflation_growing_with_sqrt_k():
