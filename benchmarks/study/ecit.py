@@ -481,7 +481,10 @@ def _reading(tuned: dict, cal: list[dict], controls: list[dict], time_mean: dict
         out.append(f"- **PC at about equal CPU** (E-KCI on {PC_ECIT_N} rows vs KCI on {PC_FULL_N}): SHD "
                    f"{fmt_interval(d['shd'], '{:+.3g}')}, skeleton F1 {fmt_interval(d['f1'], '{:+.3g}')}, CPU "
                    f"{fmt_interval(d['cpu_s'], '{:+.3g}')} s (E-CIT minus full, seed-paired over "
-                   f"{len(set(pcs['ecit']) & set(pcs['full']))} seeds; a claim only where the interval excludes 0).")
+                   f"{len(set(pcs['ecit']) & set(pcs['full']))} seeds; a claim only where the interval excludes 0)"
+                   + (f". Each E-KCI test there combines {PC_ECIT_N // m} subsets, a K at which its type-I error is "
+                      f"above the level (Validity): PC can then keep edges it should remove" if above and
+                      PC_ECIT_N // m >= k[above[0]] else "") + ".")
     small = [n for n in held if k[n] <= 10]
     out += [f"- **Against the paper**: it reports type-I errors of 0.051-0.059 with m = 400 at K = 3-10 (n = 1200-4000; "
             f"up to 0.072 in some noise settings), and its validity theorem holds for exact sub-test p-values at any K "
