@@ -718,6 +718,12 @@ def _reading(spec: TaskSpec, rows: dict, verdicts: dict[str, tuple[str, str]],
                f"and lower NLL against {', '.join(both) or 'none'}; higher reward only against "
                f"{', '.join(reward_only) or 'none'}; lower reward against {', '.join(lost) or 'none'}; not shown "
                f"against {', '.join(open_) or 'none'}.")
+    moved = verdicts.get("pretrained", ("better", ""))[0] == "better"
+    if "pretrained" in verdicts:
+        out.append(f"- Against the pretrained model it started from: reward {verdicts['pretrained'][0]}"
+                   + (", so the primary's fine-tuning moved the reward." if moved else
+                      f"; within {spec.sizes['budget']} training queries the primary left the model where it started, and the "
+                      f"comparisons here say what the baselines did, not what VIDD's mechanism adds."))
     if held_out:
         by = {v: [n for n in paper if held_out.get(n) == v] for v in ("better", "n.s.", "worse")}
         out.append(f"- On the held-out evaluation oracle (never queried in training): higher median against "
@@ -730,7 +736,8 @@ def _reading(spec: TaskSpec, rows: dict, verdicts: dict[str, tuple[str, str]],
                    f"with the same estimator and teacher never refreshed: reward {v}"
                    + (" - refreshing the teacher and rolling in with it add reward over one-shot distillation."
                       if v == "better" else
-                      " - the gain over the control is not shown; what the primary gains comes from its estimator."
+                      (" - the gain over the control is not shown; what the primary gains comes from its estimator."
+                       if moved else " - the primary did not move off the pretrained model: no gain to attribute.")
                       if v == "n.s." else " - the control is ahead."))
     if "best_of_n_equal" in verdicts:
         out.append(f"- Against best-of-{equal_n(spec)} (the same oracle queries per output sample as the primary's "
