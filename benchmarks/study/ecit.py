@@ -338,13 +338,13 @@ def report(records: list[dict], out_dir: Path) -> str:
                   f"{tuned['tune_type1']:.3f}, power {tuned['tune_power']:.3f}).", ""]
     cal = [r for r in records if r["unit"].startswith("cal-")]
     ns = sorted({r["n"] for r in cal})
+    cal_by_n = {n: [r for r in cal if r["n"] == n] for n in ns}
     if cal:
         lines += [f"Type-I error and power at level {LEVEL}, pooled over reported seeds "
                   f"({', '.join(str(s) for s in sorted({r['seed'] for r in cal}))}), exact 95 % intervals; KCI base; "
                   f"`full` = KCI on all rows, `one_subset` = the first subset alone.", "",
                   "| n | method | type-I error | power | CPU s / test |", "|---|---|---|---|---|"]
-        for n in ns:
-            recs = [r for r in cal if r["n"] == n]
+        for n, recs in cal_by_n.items():
             methods = [m for m in [*COMBINERS, "one_subset", "full"] if all(m in r["metrics"] for r in recs)]
             for m in methods:
                 p = _pooled(recs, m)
@@ -364,7 +364,7 @@ def report(records: list[dict], out_dir: Path) -> str:
             lines.append(f"| {n} | {mean['full'].get(n, float('nan')):.3g} | {mean['ecit'].get(n, float('nan')):.3g} |")
         fn = sorted(mean["full"])
         if len(fn) >= 2:
-            slope = np.polyfit(np.log(fn), np.log([mean["full"][n] for n in fn]), 1)[0]
+            slope = _loglog_slope(mean["full"])
             at = lambda n: mean["full"][fn[-1]] * (n / fn[-1]) ** slope  # noqa: E731
             lines += ["", f"KCI on all rows grows as n^{slope:.2f} here; extrapolated: {at(16000):.3g} s per test at "
                           f"n=16000 and {at(100000):.3g} s at n=100000, against E-KCI's "
@@ -386,25 +386,38 @@ def report(records: list[dict], out_dir: Path) -> str:
                 lines.append(f"\nE-CIT minus full, seed-paired {k}: {fmt_interval(d, '{:+.3g}')} ({better} is better).")
         lines.append("")
     controls = [r for r in records if r["unit"].startswith("control-")]
+    # the control's part at each n, in the shape of a calibration record
+    ctl_by_n = {n: [{"metrics": r["metrics"][str(n)], "tests": r["tests"][str(n)]} for r in controls
+                    if str(n) in r["metrics"]] for n in sorted({int(n) for r in controls for n in r["metrics"]})}
+    shifts = {name: {n: subset_null_shift([t for r in recs for t in r["tests"]["null"]]) for n, recs in by_n.items()}
+              for name, by_n in (("study", cal_by_n), ("control", ctl_by_n))}
     if cal or controls:
-        lines += _mechanism_lines(cal, controls)
+        lines += _mechanism_lines(cal_by_n, ctl_by_n, shifts, sorted(r["seed"] for r in controls))
     if cal:
         _plot_calibration(cal, ns, out_dir, tuned)
         lines += ["![type-I error and power](ecit_error_power.png)", ""]
     if times:
         lines += ["![CPU time per test](ecit_time.png)", ""]
     if tuned and cal:
-        lines += _reading(tuned, cal, controls, mean if times else None, pcs)
+        lines += _reading(tuned, cal_by_n, ctl_by_n, shifts, mean if times else None, pcs)
     return "\n".join(lines)
 
 
-def _reading(tuned: dict, cal: list[dict], controls: list[dict], time_mean: dict | None, pcs: dict) -> list[str]:
+def _loglog_slope(curve: dict[int, float]) -> float:
+    """The exponent of CPU time in n, from a least-squares line on log-log axes."""
+    ns = sorted(curve)
+    return float(np.polyfit(np.log(ns), np.log([curve[n] for n in ns]), 1)[0])
+
+
+def _reading(tuned: dict, cal_by_n: dict[int, list[dict]], ctl_by_n: dict[int, list[dict]], shifts: dict,
+             time_mean: dict | None, pcs: dict) -> list[str]:
     """The reading, generated from the records: validity of the tuned E-KCI per n, why it fails where it does, what it
-    costs and keeps, and PC. An interval decides: type-I 'above the level' only when its exact interval excludes it."""
+    costs and keeps, and PC. An interval decides: type-I 'above the level' only when its exact interval excludes it.
+    ``shifts``: :func:`subset_null_shift` per n of the study ("study") and of the control ("control")."""
     from benchmarks.study.stats import fmt_interval, paired
     combiner, m = tuned["combiner"], tuned["subset_size"]
-    ns = sorted({r["n"] for r in cal})
-    pooled = {n: _pooled([r for r in cal if r["n"] == n], combiner) for n in ns}
+    ns = sorted(cal_by_n)
+    pooled = {n: _pooled(cal_by_n[n], combiner) for n in ns}
     above = [n for n in ns if pooled[n]["null"][1] > LEVEL]
     held = [n for n in ns if n not in above]
     k = {n: n // m for n in ns}
@@ -414,30 +427,27 @@ def _reading(tuned: dict, cal: list[dict], controls: list[dict], time_mean: dict
            f"interval reaches the level {LEVEL} at n = {', '.join(map(str, held)) or 'none'}"
            + (f" and lies above it at n = {above_text}." if above else ".")
            + f" At n = {ns[-1]} (K = {k[ns[-1]]}) every combiner's type-I error: "
-           + ", ".join(f"{c} {_pooled([r for r in cal if r['n'] == ns[-1]], c)['null'][0]:.3f}"
-                       for c in [*COMBINERS, "one_subset"]) + "."]
-    shifts = {n: subset_null_shift([t for r in cal if r["n"] == n for t in r["tests"]["null"]]) for n in ns}
+           + ", ".join(f"{c} {_pooled(cal_by_n[ns[-1]], c)['null'][0]:.3f}" for c in [*COMBINERS, "one_subset"])
+           + "."]
+    study_shift = shifts["study"]
     out.append(f"- **Why**: under the null, the subset KCI p-values are not uniform in their bulk: mean z = "
-               f"{min(d['mean'] for d in shifts.values()):+.2f} to {max(d['mean'] for d in shifts.values()):+.2f} "
+               f"{min(d['mean'] for d in study_shift.values()):+.2f} to {max(d['mean'] for d in study_shift.values()):+.2f} "
                f"across n (0 if uniform; intervals over datasets exclude 0: "
-               f"{'yes' if all(d['low'] > 0 for d in shifts.values()) else 'not at every n'}), while a single subset's "
-               f"5 % tail looks fine (share <= 0.05: {min(d['share_below_level'] for d in shifts.values()):.3f}-"
-               f"{max(d['share_below_level'] for d in shifts.values()):.3f}). That shift, multiplied by sqrt(K), predicts "
+               f"{'yes' if all(d['low'] > 0 for d in study_shift.values()) else 'not at every n'}), while a single subset's "
+               f"5 % tail looks fine (share <= 0.05: {min(d['share_below_level'] for d in study_shift.values()):.3f}-"
+               f"{max(d['share_below_level'] for d in study_shift.values()):.3f}). That shift, multiplied by sqrt(K), predicts "
                f"the stable2 type-I error: "
-               + ", ".join(f"n = {n}: {shifts[n]['predicted_stouffer']:.2f} predicted vs "
-                           f"{_pooled([r for r in cal if r['n'] == n], 'stable2')['null'][0]:.2f} observed" for n in ns)
+               + ", ".join(f"n = {n}: {study_shift[n]['predicted_stouffer']:.2f} predicted vs "
+                           f"{_pooled(cal_by_n[n], 'stable2')['null'][0]:.2f} observed" for n in ns)
                + ". So a base test calibrated at its own 5 % level is not enough for an ensemble of many subsets: "
                  "combining K p-values needs them uniform, and the error grows with K at a fixed subset size.")
-    if controls:
-        cns = sorted({int(n) for r in controls for n in r["metrics"]})
-        ctl = {n: _pooled([{"metrics": r["metrics"][str(n)]} for r in controls if str(n) in r["metrics"]], combiner)
-               for n in cns}
-        cshift = {n: subset_null_shift([t for r in controls if str(n) in r["tests"] for t in r["tests"][str(n)]["null"]])
-                  for n in cns}
+    if ctl_by_n:
+        cns = sorted(ctl_by_n)
+        ctl = {n: _pooled(ctl_by_n[n], combiner) for n in cns}
+        cshift = shifts["control"]
         big = cns[-1]
-        study_big = _pooled([r for r in cal if r["n"] == big], combiner)["null"] if big in ns else None
-        cells = [(n, c, _pooled([{"metrics": r["metrics"][str(n)]} for r in controls if str(n) in r["metrics"]], c))
-                 for n in cns for c in [*COMBINERS, "one_subset", "full"]]
+        study_big = pooled[big]["null"] if big in ns else None
+        cells = [(n, c, _pooled(ctl_by_n[n], c)) for n in cns for c in [*COMBINERS, "one_subset", "full"]]
         high = [f"{c} at n = {n} ({p['null'][0]:.3f})" for n, c, p in cells if p["null"][1] > LEVEL]
         holds_big = ctl[big]["null"][1] <= LEVEL
         verdict = ""
@@ -456,23 +466,23 @@ def _reading(tuned: dict, cal: list[dict], controls: list[dict], time_mean: dict
                    + (f" ({'; '.join(high)})" if high else "")
                    + f"; about {0.025 * len(cells):.1f} would be by chance if the cells were independent, but the "
                      f"methods at one n read the same 200 datasets, so one unlucky draw moves several cells together.")
-    full_ns = [n for n in ns if all("full" in r["metrics"] for r in cal if r["n"] == n)]
+    full_ns = [n for n in ns if all("full" in r["metrics"] for r in cal_by_n[n])]
     if full_ns:
         out.append("- **Power** (same datasets): " + "; ".join(
-            f"n = {n}: E-KCI {_pooled([r for r in cal if r['n'] == n], combiner)['alt'][0]:.3f}, one subset "
-            f"{_pooled([r for r in cal if r['n'] == n], 'one_subset')['alt'][0]:.3f}, KCI on all rows "
-            f"{_pooled([r for r in cal if r['n'] == n], 'full')['alt'][0]:.3f}" for n in full_ns) + ". Of the power one "
+            f"n = {n}: E-KCI {pooled[n]['alt'][0]:.3f}, one subset "
+            f"{_pooled(cal_by_n[n], 'one_subset')['alt'][0]:.3f}, KCI on all rows "
+            f"{_pooled(cal_by_n[n], 'full')['alt'][0]:.3f}" for n in full_ns) + ". Of the power one "
             "subset loses against KCI on all rows, E-KCI wins back " + ", ".join(
-                f"{_recovered([r for r in cal if r['n'] == n], combiner):.0%} at n = {n}" for n in full_ns) + ".")
+                f"{_recovered(cal_by_n[n], combiner):.0%} at n = {n}" for n in full_ns) + ".")
     if time_mean and len(time_mean["full"]) >= 2:
         fn = sorted(time_mean["full"])
-        slope = np.polyfit(np.log(fn), np.log([time_mean["full"][n] for n in fn]), 1)[0]
+        slope = _loglog_slope(time_mean["full"])
         en = sorted(time_mean["ecit"])
         text = (f"- **Cost**: KCI on all rows grows as n^{slope:.2f} ({time_mean['full'][fn[-1]]:.3g} CPU s at n = "
                 f"{fn[-1]}, {time_mean['full'][fn[-1]] * (100000 / fn[-1]) ** slope / 3600:.3g} h extrapolated to "
                 f"n = 100000)")
         if len(en) >= 2:
-            eslope = np.polyfit(np.log(en), np.log([time_mean["ecit"][n] for n in en]), 1)[0]
+            eslope = _loglog_slope(time_mean["ecit"])
             text += f"; E-KCI as n^{eslope:.2f} ({time_mean['ecit'][en[-1]]:.3g} s at n = {en[-1]})"
         out.append(text + ".")
     if pcs.get("full") and pcs.get("ecit"):
@@ -520,19 +530,10 @@ def subset_null_shift(null_tests: list[list[float]], level: float = LEVEL) -> di
             "predicted_stouffer": float(norm.sf((norm.isf(level) - mean * np.sqrt(k)) / sd))}
 
 
-def _mechanism_lines(cal: list[dict], controls: list[dict]) -> list[str]:
+def _mechanism_lines(cal_by_n: dict[int, list[dict]], ctl_by_n: dict[int, list[dict]], shifts: dict,
+                     control_seeds: list[int]) -> list[str]:
     """The subset p-values under the null, KCI on the study's data against the Fisher-z control, and the control's
     type-I error per combiner."""
-    rows = []
-    for n in sorted({r["n"] for r in cal}):
-        recs = [r for r in cal if r["n"] == n]
-        rows.append(("KCI, post-nonlinear t3 (the study)", n, recs, lambda r: r["tests"]["null"],
-                     lambda r, m: r["metrics"][m]))
-    cns = sorted({int(n) for r in controls for n in r["tests"]})
-    for n in cns:
-        recs = [r for r in controls if str(n) in r["tests"]]
-        rows.append(("Fisher-z, linear-Gaussian (control)", n, recs, lambda r, n=n: r["tests"][str(n)]["null"],
-                     lambda r, m, n=n: r["metrics"][str(n)][m]))
     out = ["Why the type-I error grows with n: the subset p-values of the null datasets, as z = Phi^-1(1 - p) "
            "(uniform p: mean 0, sd 1). Stouffer's sum over K subsets (the stable combiner at alpha = 2) rejects at "
            "about Phi-bar((1.645 - mean sqrt(K)) / sd), so a shift of the mean that one subset's 5 % tail hides "
@@ -540,21 +541,19 @@ def _mechanism_lines(cal: list[dict], controls: list[dict]) -> list[str]:
            f"effect {CONTROL_DATA['effect']}) was added after the table above was seen; it is outside design.json.", "",
            "| base test and data | n | K subsets | null subset p-values | share <= 0.05 | mean z [95 % over datasets] | sd z | "
            "stable2 type-I predicted | observed |", "|---|---|---|---|---|---|---|---|---|"]
-    for label, n, recs, nulls, metric in rows:
-        d = subset_null_shift([t for r in recs for t in nulls(r)])
-        got = [metric(r, "stable2") for r in recs]
-        obs = sum(g["null_reject"] for g in got) / max(1, sum(g["null_total"] for g in got))
-        out.append(f"| {label} | {n} | {d['k']:.0f} | {d['count']} | {d['share_below_level']:.3f} | "
-                   f"{d['mean']:+.3f} [{d['low']:+.3f}, {d['high']:+.3f}] | {d['sd']:.3f} | "
-                   f"{d['predicted_stouffer']:.3f} | {obs:.3f} |")
+    for label, name, by_n in (("KCI, post-nonlinear t3 (the study)", "study", cal_by_n),
+                              ("Fisher-z, linear-Gaussian (control)", "control", ctl_by_n)):
+        for n, recs in by_n.items():
+            d, obs = shifts[name][n], _pooled(recs, "stable2")["null"][0]
+            out.append(f"| {label} | {n} | {d['k']:.0f} | {d['count']} | {d['share_below_level']:.3f} | "
+                       f"{d['mean']:+.3f} [{d['low']:+.3f}, {d['high']:+.3f}] | {d['sd']:.3f} | "
+                       f"{d['predicted_stouffer']:.3f} | {obs:.3f} |")
     out.append("")
-    if controls:
+    if ctl_by_n:
         out += [f"The control's type-I error and power at level {LEVEL} (seeds "
-                f"{', '.join(str(r['seed']) for r in sorted(controls, key=lambda r: r['seed']))}), exact 95 % "
-                f"intervals; `full` = Fisher-z on all rows:", "", "| n | method | type-I error | power |",
-                "|---|---|---|---|"]
-        for n in cns:
-            recs = [{"metrics": r["metrics"][str(n)]} for r in controls if str(n) in r["metrics"]]
+                f"{', '.join(map(str, control_seeds))}), exact 95 % intervals; `full` = Fisher-z on all rows:", "",
+                "| n | method | type-I error | power |", "|---|---|---|---|"]
+        for n, recs in ctl_by_n.items():
             for m in [*COMBINERS, "one_subset", "full"]:
                 p = _pooled(recs, m)
                 out.append(f"| {n} | {m} | {_cell(p['null'])} | {_cell(p['alt'])} |")
