@@ -113,8 +113,9 @@ class SharedPool:
         self.latest: dict[str, tuple[int, ray.ObjectRef]] = {}  # key -> (version, ref) this client published last
         # publish and recover one at a time: a recovery never re-publishes a version older than one published since
         self.lock = threading.RLock()
-        # what this client sent again after losing a map's stream (at-least-once execution: the manager may have run
-        # a re-sent request already, so its request count can exceed the requests asked for by at most "resent")
+        # how often this client recovered from a lost manager, and the requests it sent again after losing a map's
+        # stream (at-least-once execution: the manager may have run a re-sent request already, so its request count
+        # can exceed the requests asked for by at most "resent")
         self.counts = {"recoveries": 0, "resent": 0}
 
     @classmethod
@@ -176,6 +177,7 @@ class SharedPool:
 
     def _recover_locked(self, err: Exception) -> None:
         log.warning("pool %r: manager unavailable (%s); waiting for its restart", self.name, type(err).__name__)
+        self.counts["recoveries"] += 1
         deadline = time.monotonic() + self.cfg.revive_timeout_s + self.cfg.ready_timeout_s
         while True:
             try:
@@ -191,7 +193,6 @@ class SharedPool:
             ray.get(self.manager.publish.remote(key, [ref], self.scope, version))
 
     def _resend(self, sampler: str, pending: dict[int, dict]) -> None:
-        self.counts["recoveries"] += 1
         self.counts["resent"] += len(pending)
         log.warning("pool %r: sending the %d requests of %r whose results had not arrived again",
                     self.name, len(pending), sampler)
