@@ -722,8 +722,9 @@ def _reading(spec: TaskSpec, rows: dict, verdicts: dict[str, tuple[str, str]],
     if "pretrained" in verdicts:
         out.append(f"- Against the pretrained model it started from: reward {verdicts['pretrained'][0]}"
                    + (", so the primary's fine-tuning moved the reward." if moved else
-                      f"; within {spec.sizes['budget']} training queries the primary left the model where it started, and the "
-                      f"comparisons here say what the baselines did, not what VIDD's mechanism adds."))
+                      f"; within {spec.sizes['budget']} training queries the primary left the model where it "
+                      f"started, and the comparisons here say what the baselines did, not what VIDD's mechanism "
+                      f"adds."))
     if held_out:
         by = {v: [n for n in paper if held_out.get(n) == v] for v in ("better", "n.s.", "worse")}
         out.append(f"- On the held-out evaluation oracle (never queried in training): higher median against "
