@@ -237,6 +237,13 @@ def method_table(records: list[dict], change: str, methods: tuple[str, ...]) -> 
     return lines
 
 
+def versus(records: list[dict], change: str, method: str, baseline: str,
+           keys: tuple[str, ...] = ("real_steps_to_recover_censored", "falls_per_1000")
+           ) -> dict[str, tuple[float, float, float]]:
+    """Seed-paired ``method`` − ``baseline`` per metric key, under one change."""
+    return {k: paired_seeds(by_seed(records, change, method, k), by_seed(records, change, baseline, k)) for k in keys}
+
+
 def paired_table(records: list[dict], change: str, methods: tuple[str, ...], baseline: str) -> list[str]:
     titles = {k: t for k, t, _, _ in STUDY_METRICS}
     fmts = {k: (p, lower) for k, _, p, lower in STUDY_METRICS}
@@ -246,8 +253,7 @@ def paired_table(records: list[dict], change: str, methods: tuple[str, ...], bas
         if m == baseline or not by_seed(records, change, m, "final_return"):
             continue
         row = []
-        for k in PAIRED:
-            stat = paired_seeds(by_seed(records, change, m, k), by_seed(records, change, baseline, k))
+        for k, stat in versus(records, change, m, baseline, PAIRED).items():
             pattern, lower = fmts[k]
             row.append(f"{fmt_interval(stat, pattern)} {verdict(stat, lower)}" if math.isfinite(stat[0]) else "-")
         lines.append(f"| {m} | " + " | ".join(row) + " |")
@@ -328,9 +334,6 @@ def study_plot(records: list[dict], gates: dict[str, dict], changes: list[str], 
     plt.close(fig)
 
 
-def _versus(records: list[dict], change: str, method: str, baseline: str) -> dict[str, tuple[float, float, float]]:
-    return {k: paired_seeds(by_seed(records, change, method, k), by_seed(records, change, baseline, k))
-            for k in ("real_steps_to_recover_censored", "falls_per_1000")}
 
 
 def _word(stat: tuple[float, float, float], good: str, bad: str) -> str:
@@ -344,7 +347,7 @@ def _reading(records: list[dict], change: str, label: str, effects: dict, n: int
     steps_key, falls_key = "real_steps_to_recover_censored", "falls_per_1000"
     recovered = {m: (len(by_seed(records, change, m, "real_steps_to_recover")),
                      len(by_seed(records, change, m, "final_return"))) for m in ("lift", BASELINE)}
-    base, matched = _versus(records, change, "lift", BASELINE), _versus(records, change, "lift", "sac_finetune_matched")
+    base, matched = versus(records, change, "lift", BASELINE), versus(records, change, "lift", "sac_finetune_matched")
     for name, stat in (("fewer steps than sac_finetune", base[steps_key]), ("fewer falls than sac_finetune",
                        base[falls_key]), ("fewer steps than the matched control", matched[steps_key]),
                        ("fewer falls than the matched control", matched[falls_key]),
