@@ -117,6 +117,7 @@ def pretrain_in_process(run: Path, task: str = "inverted_pendulum", env_steps: i
 def cached_pretraining(task: str, out: Path, overrides: list[str], seed: int = 0) -> Path:
     """The lift_pretrain run of ``task`` with its env preset (+ ``overrides``), made once and kept under a name that
     hashes its configuration: a changed preset pretrains anew, an unchanged one is reused."""
+    from cluster.pool import shutdown_pool
     from experiments.run import main as run_main
     preset = ROOT / "configs" / "env_preset" / f"lift_pretrain_{task}.yaml"
     key = json.dumps({"preset": preset.read_text() if preset.exists() else "", "overrides": overrides, "seed": seed})
@@ -129,16 +130,8 @@ def cached_pretraining(task: str, out: Path, overrides: list[str], seed: int = 0
     run_main(["experiment=lift_pretrain", f"env={task}", f"output_dir={out}", f"run_name={name}", f"seed={seed}",
               f"pool.name={pool}", "cluster.include_dashboard=false", *overrides,
               *(["resume=true"] if run.exists() else [])])
-    _shutdown_pool(pool)
+    shutdown_pool(pool)
     return run
-
-
-def _shutdown_pool(name: str) -> None:
-    from cluster.pool import SharedPool
-    try:
-        SharedPool.attach({"name": name}, create=False).shutdown()
-    except ValueError:
-        pass
 
 
 def change_overrides(task: str, change: str) -> tuple[list[str], str]:
@@ -187,6 +180,7 @@ def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     import torch
     torch.set_num_threads(1)
+    from cluster.pool import shutdown_pool
     from experiments.run import main as run_main
 
     out = Path(args.out).resolve()  # the Ray workers do not share the driver's working directory
@@ -219,7 +213,7 @@ def main() -> None:
                             f"experiment.methods=[{','.join(methods)}]", f"seed={seed}", f"output_dir={out}",
                             f"run_name={tag}-seed{seed}-{uuid.uuid4().hex[:4]}", f"pool.name={pool}",
                             "cluster.include_dashboard=false", *change, *sizes])
-        _shutdown_pool(pool)
+        shutdown_pool(pool)
         results.append({"seed": seed, "run_dir": str(Path(summary["plot"]).parent.parent), "overrides": sizes,
                         "wall_s": time.perf_counter() - t0, **summary})
         results_path.write_text(json.dumps(results, indent=2))  # one seed at a time: a crash loses one run

@@ -302,6 +302,14 @@ class SharedPool:
             ray.kill(self.manager, no_restart=True)
 
 
+def shutdown_pool(name: str) -> None:
+    """Shut the named pool down if it exists (it may never have been created, or already be gone)."""
+    try:
+        SharedPool.attach({"name": name}, create=False).shutdown()
+    except ValueError:  # Ray's "actor not found"
+        pass
+
+
 class _Streams:
     """The streams of a background map, so that another thread can cancel them (also one started after the cancel)."""
 

@@ -80,21 +80,13 @@ def ray_cluster(tmp_path_factory):
     ray.shutdown()
 
 
-def shutdown_pool(name: str) -> None:
-    """Shut the named pool down if it exists (it may never have been created, or already be gone)."""
-    from cluster.pool import SharedPool
-    try:
-        SharedPool.attach({"name": name}, create=False).shutdown()
-    except ValueError:
-        pass
-
-
 @pytest.fixture
 def pool_name(ray_cluster):
     """A unique pool name for a run the test starts (in-process or as a driver on the session cluster); the pool is
     shut down after the test."""
     name = f"test-pool-{uuid.uuid4().hex[:6]}"
     yield name
+    from cluster.pool import shutdown_pool
     shutdown_pool(name)
 
 
