@@ -240,9 +240,10 @@ class SweepStateError(RuntimeError):
 def check_resumable(storage: Path) -> None:
     """Refuse, in one line, to resume from a Tune state file that a kill cut short.
 
-    Tune writes its state atomically in the driver's staging folder but copies it into ``storage`` file by file, so a
-    sweep killed during that copy leaves a truncated file there. Tune then logs the failed restore and silently starts
-    the sweep over, with a trial that has none of the sweep's parameters (seen once in the kill-and-resume test)."""
+    Tune writes its state in the driver's staging folder and copies it into ``storage`` file by file. Sweeps write
+    through ``cluster.whole_files``, so a kill during that copy leaves the previous whole file; a sweep folder written
+    without it (or edited by hand) can still hold a truncated one. Tune would then log the failed restore and silently
+    start the sweep over, with a trial that has none of the sweep's parameters (seen once before whole files)."""
     import json
 
     import ray.cloudpickle as cloudpickle
@@ -269,14 +270,19 @@ def run_sweep(trainable: Callable[..., None], sweep: SweepConfig, storage: Path,
     """Run (or, with ``resume``, restore and finish) the sweep: ``trainable(params, **trainable_kwargs)`` per trial,
     Tune's state under ``storage``. Returns Tune's ``ResultGrid``."""
     from ray import tune
+
+    from cluster.whole_files import whole_files_filesystem
     wrapped = tune.with_resources(tune.with_parameters(trainable, **trainable_kwargs), {"cpu": sweep.trial_cpus})
     # Learners report evaluation metrics only every few iterations; ASHA and PBT skip results without the metric.
     os.environ.setdefault("TUNE_DISABLE_STRICT_METRIC_CHECKING", "1")
     pbt = sweep.scheduler.name == "pbt"
+    storage = storage.resolve()  # the filesystem below takes paths as they are, in every trial's working directory
+    filesystem = whole_files_filesystem()  # a kill while Tune copies its state leaves the last whole copy
     if resume and tune.Tuner.can_restore(str(storage)):
         check_resumable(storage)
         log.info("restoring sweep %s", storage)
-        tuner = tune.Tuner.restore(str(storage), trainable=wrapped, resume_unfinished=True, resume_errored=True)
+        tuner = tune.Tuner.restore(str(storage), trainable=wrapped, resume_unfinished=True, resume_errored=True,
+                                   storage_filesystem=filesystem)
     else:
         tuner = tune.Tuner(
             wrapped, param_space=tune_space(sweep.params),
@@ -286,6 +292,7 @@ def run_sweep(trainable: Callable[..., None], sweep: SweepConfig, storage: Path,
                                         # whose exploit restarts a trial from another's checkpoint in a fresh process
                                         reuse_actors=not pbt),
             run_config=tune.RunConfig(name=storage.name, storage_path=str(storage.parent), verbose=1,
+                                      storage_filesystem=filesystem,
                                       failure_config=tune.FailureConfig(max_failures=sweep.max_failures),
                                       # PBT clones the donor's latest checkpoint after a delay: keep them all (they
                                       # are small records; the state they point at is pinned by cluster.tune_trial)

@@ -137,15 +137,15 @@ def test_sweep_killed_then_resumed(pool_name, tmp_path):
     proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         deadline = time.monotonic() + 240
-        # kill once a trial is recorded finished and every state file Tune would read back is whole: Tune copies
-        # them into the sweep folder one by one, and a kill amid that copy is refused on resume (the test below)
-        while not (terminated() and _state_readable(sweep_path / "tune")) and proc.poll() is None \
-                and time.monotonic() < deadline:
+        # kill as soon as a trial is recorded finished, whatever Tune is copying then: every state file it would
+        # read back must be whole (cluster.whole_files), or the resume below would be refused
+        while not terminated() and proc.poll() is None and time.monotonic() < deadline:
             time.sleep(0.05)
         proc.send_signal(signal.SIGKILL)
         out = proc.communicate()[0]
     finally:
         proc.kill()
+    assert _state_readable(sweep_path / "tune"), "a state file was left cut short by the kill"
     done_before = terminated()
     assert len(done_before) == 1, f"kill the sweep after 1 of 2 trials; finished {done_before}\n{out[-3000:]}"
 
