@@ -714,7 +714,8 @@ def main(argv: list[str] | None = None) -> None:
     print(f"load average after: {load_after}; os.getloadavg() = {os.getloadavg()}; benchmark took {elapsed:.0f} s",
           flush=True)
     if args.record:
-        busy = max(float(x) for x in f"{load_before}/{load_after}".split("/")) > 2
+        # the 1-minute averages: the 5- and 15-minute ones still carry whatever ran before the benchmark started
+        busy = max(float(load.split("/")[0]) for load in (load_before, load_after)) > 2
         preamble = (f"Machine: {machine_note()}." +
                     (" A shared, loaded machine (load average above 2 on these cores: other jobs ran alongside): "
                      "wall-clock figures are noisy; ratios measured in the same run, and per-CPU-second rates, are "
