@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 import time
 from pathlib import Path
 
@@ -20,7 +21,12 @@ NATIVE_CPU_FLAGS = ("amx_bf16", "avx512_bf16")
 
 
 def cpu_flags() -> set[str] | None:
-    """The CPU's feature flags (Linux), or None where /proc/cpuinfo is not readable."""
+    """The CPU's feature flags (Linux), or None where /proc/cpuinfo is not readable. ``ORRERY_CPU_FLAGS`` (a
+    space-separated list) stands in for them: to take the fp32 path on a bf16 CPU (``ORRERY_CPU_FLAGS=avx2``, with
+    ``ATEN_CPU_CAPABILITY=avx2`` for torch's kernels, runs an AVX2-only machine's path on another CPU), or where a
+    virtual machine hides its flags."""
+    if (given := os.environ.get("ORRERY_CPU_FLAGS")) is not None:
+        return set(given.split())
     try:
         text = Path("/proc/cpuinfo").read_text()
     except OSError:

@@ -52,3 +52,10 @@ def test_bf16_auto_follows_the_hardware_and_explicit_settings_win():
     assert use_bf16("auto", "cpu") is expected is use_bf16(None, "cpu")
     with pytest.raises(ValueError, match="true, false or auto"):
         use_bf16("sometimes")
+
+
+def test_given_cpu_flags_stand_in_for_the_cpus(monkeypatch):
+    monkeypatch.setenv("ORRERY_CPU_FLAGS", "avx2 fma")
+    assert cpu_flags() == {"avx2", "fma"} and cpu_bf16_native() is False
+    monkeypatch.setenv("ORRERY_CPU_FLAGS", "avx512f avx512_bf16")
+    assert cpu_bf16_native() is True
