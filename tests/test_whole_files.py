@@ -61,3 +61,15 @@ def test_the_filesystem_survives_pickling_and_copies_single_files(tmp_path):
     fs.copy_file(str(tmp_path / "a"), str(tmp_path / "b"))
     assert (tmp_path / "b").read_bytes() == b"x" * 5_000_000
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a", "b"]
+
+
+def test_a_stream_dropped_without_close_publishes_nothing(tmp_path):
+    """pyarrow returns early from a failed copy without closing its output stream: that is not a finished file."""
+    import gc
+    target = tmp_path / "tuner.pkl"
+    target.write_bytes(b"whole")
+    stream = whole_files_filesystem().open_output_stream(str(target))
+    stream.write(b"half of a new vers")
+    del stream
+    gc.collect()
+    assert target.read_bytes() == b"whole" and [p.name for p in tmp_path.iterdir()] == ["tuner.pkl"]
