@@ -91,11 +91,12 @@ def test_one_unit_of_each_kind_at_tiny_size(tmp_path):
     decider = run_unit_inline(study.STUDY, study.DECIDING_GATE, results_root=root, overrides=TINY)
     assert decider["metrics"]["fci_beats_both"] is False and decider["influence"] == "intervention"
     tune_name = f"tune-grpo-lr{study._lr_name(study.LR_GRID[0])}-s{study.TUNING_SEEDS[0]}"
-    with pytest.raises(StudyError, match="refused: the FCI gate failed"):
-        run_unit_inline(study.STUDY, tune_name, results_root=root, overrides=TINY)
+    control = run_unit_inline(study.STUDY, tune_name, results_root=root, overrides=TINY)  # a failed gate: a control
+    assert control["fci_room"] is False and control["run"]["generated_tokens"] > 0
     probe = run_unit_inline(study.STUDY, "gate-probe", results_root=root, overrides=TINY)
     assert set(probe["variants"]) == set(study.PROBE_VARIANTS) and probe["start_sha"] == gate["start_sha"]
     assert "max (FCI)" in probe["variants"]["study_task"]["heads"]
+    (root / "attnrl" / f"{tune_name}.json").unlink()
     refused = report([sft, gate, probe, decider], root / "attnrl")
     assert "FCI does not beat both" in refused and "No reported RL unit" in refused and "Second look" in refused
     assert all(c["observed"].startswith("FCI gate failed") for c in study_claims(root / "attnrl"))

@@ -10,6 +10,7 @@ Records: ``benchmarks/results/<study>/<unit>.json``; long stages checkpoint into
 # name -> "module:ATTR" of its Study; a study whose module is missing shows as "not built" in status
 STUDIES: dict[str, str] = {
     "lift": "benchmarks.study.lift:STUDY",
+    "lift_official": "benchmarks.study.lift_official:STUDY",
     "vidd_molecule": "benchmarks.study.vidd_molecule:STUDY",
     "vidd_dna": "benchmarks.study.vidd_dna:STUDY",
     "attnrl": "benchmarks.study.attnrl:STUDY",

@@ -145,14 +145,17 @@ def exp_config(ctx: UnitContext, **extra: Any):
     return Config(**{**STUDY_EXP, **ctx.size("exp", {}), **extra})
 
 
-def run_pretrain(ctx: UnitContext) -> dict | None:
+def run_pretrain(ctx: UnitContext, wm_kinds: tuple[str, ...] = WM_KINDS, stop_after_stage1: bool = False
+                 ) -> dict | None:
     """Stage 1 in <= 15-min chunks (checkpoint in artifacts/pretrain/checkpoint.pt), then the start model: agent.pt
-    and the four stage-2 world models (each saved as it is fitted, so a deadline between fits loses none)."""
+    and the stage-2 world models (each saved as it is fitted, so a deadline between fits loses none). With
+    ``stop_after_stage1`` it returns ``{}`` once agent.pt exists, so a caller can decide whether the budget holds."""
     import torch
 
     from experiments.lift.pretrain_local import LocalPretrain, PretrainSpec, fit_stage2
     spec = PretrainSpec(TASK, total_env_steps=ctx.size("pretrain_steps", PRETRAIN_STEPS),
                         eval_every_steps=ctx.size("pretrain_eval_every", 10_000),
+                        eval_episodes=ctx.size("pretrain_eval_episodes", 4),
                         wm_rows=ctx.size("wm_rows", 20_000), preset_overrides=ctx.size("preset_overrides", {}))
     agent_file = ctx.artifacts / "pretrain" / "agent.pt"
     replay_file = ctx.work_dir / "replay.pt"
@@ -172,9 +175,11 @@ def run_pretrain(ctx: UnitContext) -> dict | None:
                    "change": spec.change()}
         summary["sac"] = {k: list(v) if isinstance(v, tuple) else v for k, v in summary["sac"].items()}
         ctx.write_json_artifact("pretrain/summary.json", summary)
+    if stop_after_stage1:
+        return {}
     exp = exp_config(ctx, wm_eval_every=100, wm_patience=6)  # stage 2 fits to convergence (the defaults)
     saved = torch.load(replay_file, weights_only=False, map_location="cpu") if replay_file.exists() else None
-    for kind in WM_KINDS:
+    for kind in wm_kinds:
         path = ctx.artifacts / "stage2" / f"{kind}.pt"
         if path.exists():
             continue
@@ -188,11 +193,11 @@ def run_pretrain(ctx: UnitContext) -> dict | None:
         model, metrics = fit_stage2(kind, TASK, exp, saved["wm_data"])
         metrics["fit_s"] = time.perf_counter() - t0
         ctx.save_artifact(f"stage2/{kind}.pt", {"model": model.state_dict(), "metrics": metrics})
-        ctx.progress(WM_KINDS.index(kind) + 1, len(WM_KINDS), "world models", **{
+        ctx.progress(wm_kinds.index(kind) + 1, len(wm_kinds), "world models", **{
             k: float(v) for k, v in metrics.items() if k in ("error_1step", "error_10step")})
     (ctx.artifacts / "pretrain" / "checkpoint.pt").unlink(missing_ok=True)  # the start model supersedes it
     stage2 = {k: torch.load(ctx.artifacts / "stage2" / f"{k}.pt", weights_only=True, map_location="cpu")["metrics"]
-              for k in WM_KINDS}
+              for k in wm_kinds}
     return {"metrics": {"env_steps": summary["env_steps"], "updates": summary["updates"],
                         "final_eval_return": summary["eval_returns"][-1], "chunks": summary["chunks"],
                         "replay_refills": summary["refills"], "train_falls": summary["falls"],
@@ -201,6 +206,14 @@ def run_pretrain(ctx: UnitContext) -> dict | None:
             "curves": {"env_steps": summary["eval_steps"], "eval_return": summary["eval_returns"],
                        "train_return": summary["train_returns"]},
             "sac": summary["sac"], "pretrain_change": summary["change"]}
+
+
+def reopen_pretrain(ctx: UnitContext) -> None:
+    """Undo the end of stage 1 so that a raised budget resumes from the last checkpoint (saved with agent.pt)."""
+    if not (ctx.artifacts / "pretrain" / "checkpoint.pt").exists():
+        raise RuntimeError("cannot extend pretraining: artifacts/pretrain/checkpoint.pt is gone")
+    (ctx.artifacts / "pretrain" / "agent.pt").unlink(missing_ok=True)
+    (ctx.artifacts / "pretrain" / "summary.json").unlink(missing_ok=True)
 
 
 def _recollect(ctx: UnitContext, spec) -> dict:
