@@ -11,7 +11,9 @@ def later_attention(step_attention: torch.Tensor, delta: int) -> torch.Tensor:
     """y (L, H, S): per layer and head, y_k = sum_{j >= k + delta} alpha_{j,k}, the attention that steps at least
     ``delta`` later pay to step k (Eq. 5)."""
     S = step_attention.shape[-1]
-    later = (torch.arange(S)[:, None] >= torch.arange(S)[None, :] + delta).to(step_attention.dtype)
+    # the mask lives where the sums do: the sampler accumulates them on its GPU (algos.attnrl.lm.generate)
+    steps = torch.arange(S, device=step_attention.device)
+    later = (steps[:, None] >= steps[None, :] + delta).to(step_attention.dtype)
     return (step_attention.nan_to_num(0.0) * later).sum(dim=-2)
 
 
