@@ -12,6 +12,7 @@ import statistics
 from pathlib import Path
 
 from benchmarks.attnrl_report import PRIMARY, interpolate, late_mean
+from benchmarks.study.core import REPORTED_SEEDS
 
 TITLE = "## AttnRL vs GRPO and branching controls on the cone task (`python -m benchmarks.study attnrl`)"
 COMMAND = "nice -n 19 python -m benchmarks.study attnrl run   # then: python -m benchmarks.study attnrl report"
@@ -184,7 +185,9 @@ def deciding_gate_lines(gate: dict | None, name: str) -> list[str]:
         f"{_signed(r['fci_minus_random'])}" for d, r in gate["other_deltas"].items()) + "."]
     lines.append("")
     lines.append("**FCI beats both: the RL units run.**" if m["fci_beats_both"] else
-                 "**FCI does not beat both: the RL units refuse to run** (no AttnRL claim is read from this study).")
+                 "**FCI does not beat both.** Since issue 38 the RL units run anyway, as the mechanism-absent control: "
+                 "FCI has no room on this model, so they measure AttnRL's other parts (tree advantages, ADS, "
+                 "off-policy) against GRPO at equal tokens, against predictions written before they ran (below).")
     return lines
 
 
@@ -288,6 +291,54 @@ def main_tables(by: dict, matched: dict) -> tuple[list[str], dict]:
     return lines, {"primary": primary, "stats": stats}
 
 
+# How each declared prediction (benchmarks/study/attnrl.py: PREDICTIONS, written before any RL unit ran) is read off
+# the seed-paired primary metric: (a, b, rule). "equal": held iff the 95 % interval of a - b contains 0; "not_above":
+# held iff it does not lie above 0. P3's own statistic is FCI branching's gain over the earliest steps (no gain of its
+# own: the AttnRL-vs-GRPO difference is not FCI's); AttnRL - GRPO and AttnRL - ATB are shown beside it, and P3 does not
+# hold when ATB's gain over the earliest steps is shown.
+PREDICTION_RULES = {"P1": ("attn_tree", "earliest_tree", "equal"), "P2": ("attn_tree", "random_tree", "not_above"),
+                    "P3": ("attn_tree", "earliest_tree", "not_above"), "P4": ("entropy_tree", "random_tree", "equal")}
+PREDICTION_CONTEXT = {"P3": (("attnrl", "grpo"), ("attnrl", "attn_tree"))}
+
+
+def prediction_outcome(stat: tuple[float, float, float], rule: str, seeds: int, planned: int) -> str:
+    """held / did not hold / pending for one prediction's paired difference over ``seeds`` of ``planned`` seeds."""
+    _, low, high = stat
+    if seeds < 2 or not (math.isfinite(low) and math.isfinite(high)):
+        return f"pending ({seeds} of {planned} seeds)"
+    if rule == "equal":
+        held = low <= 0 <= high
+    elif rule == "not_above":
+        held = low <= 0
+    else:
+        raise ValueError(f"unknown prediction rule {rule!r}")
+    word = "held" if held else "did not hold"
+    return word if seeds >= planned else f"pending ({seeds} of {planned} seeds; so far {word})"
+
+
+def prediction_lines(primary: dict[str, dict[int, float]], predictions: dict, planned_seeds: int) -> list[str]:
+    """Each prediction beside what happened: its paired interval, and held / did not hold / pending."""
+    from benchmarks.study.stats import paired
+    lines = ["Predictions, written into the study's code (`PREDICTIONS` in benchmarks/study/attnrl.py, with the reason "
+             "for each) before any RL unit ran, beside what happened (primary metric, a - b seed-paired over the "
+             "reported seeds both methods have, mean [95 % t-interval]; \"equal\": the interval contains 0):", "",
+             "| | prediction | a - b | seeds | mean [95 % t-interval] | beside it | outcome |",
+             "|---|---|---|---|---|---|---|"]
+
+    def stat_of(a: str, b: str) -> tuple[tuple[float, float, float], int]:
+        if a not in primary or b not in primary:
+            return (float("nan"),) * 3, 0
+        return paired(primary[a], primary[b]), len(set(primary[a]) & set(primary[b]))
+
+    for key, (statement, declared, _reason) in predictions.items():
+        a, b, rule = PREDICTION_RULES[key]
+        st, n = stat_of(a, b)
+        beside = "; ".join(f"{x} - {y}: {_signed(stat_of(x, y)[0])}" for x, y in PREDICTION_CONTEXT.get(key, ()))
+        lines.append(f"| {key} | {statement} (declared: `{declared}`) | {a} - {b} | {n} | {_signed(st)} | "
+                     f"{beside or '-'} | {prediction_outcome(st, rule, n, planned_seeds)} |")
+    return lines
+
+
 def plot(by: dict, matched: dict, path: Path) -> None:
     import matplotlib
     matplotlib.use("Agg")
@@ -356,10 +407,10 @@ def failed_gate_reading(gate: dict, probe: dict | None) -> list[str]:
                      "step's look-ups are a few of its line's ~15 tokens; FCI's step-to-step attention averages over "
                      "every token of both steps and takes the max over heads, so what it measures here is attention "
                      "that does not follow the data flow.")
-    lines.append("- So no RL unit ran: at this model scale FCI has no signal to branch on, and ATB would be "
-                 "earliest-step branching with noise. The claim needs a model whose attention carries step "
-                 "dependencies (a pretrained LM: `experiment.hf_model=<local directory>`, on GPU nodes); "
-                 "the task alone could not give a 2-layer model's FCI room in three variants.")
+    lines.append("- So the RL units below are a control in which FCI has no signal to branch on (every record says "
+                 "`fci_room: false`): ATB is expected to act as earliest-step branching with noise, and any AttnRL "
+                 "effect against GRPO is the non-FCI parts'. FCI's own claim needs a model whose attention carries "
+                 "step dependencies; the task alone could not give a 2-layer model's FCI room in three variants.")
     return lines
 
 
@@ -369,7 +420,9 @@ def reading_lines(gate: dict | None, stats: dict, done: int, planned: int, probe
     if gate is None:
         return lines + ["- The deciding gate has not run, so no RL comparison exists yet."]
     if not gate["metrics"]["fci_beats_both"]:
-        return lines + failed_gate_reading(gate, probe)
+        lines += failed_gate_reading(gate, probe)
+        if not stats:
+            return lines
     if done < planned:
         lines.append(f"- **Incomplete: {done} of {planned} reported units recorded.** Intervals over fewer seeds are "
                      "wider; read nothing into a verdict that later seeds can change.")
@@ -388,6 +441,10 @@ def reading_lines(gate: dict | None, stats: dict, done: int, planned: int, probe
     say("attnrl_ads_only", "attn_tree", "ADS alone (2 seeds: t with 1 degree of freedom, a wide interval)")
     say("attnrl_offpolicy_only", "attn_tree", "Off-policy alone (2 seeds)")
     say("oracle_tree", "attn_tree", "Headroom left by FCI (the cone oracle, 2 seeds)")
+    if not gate["metrics"]["fci_beats_both"]:
+        lines.append("- In this control a row naming FCI or ATB compares the branch points ATB picks with FCI at chance "
+                     "(mostly early steps): a shown difference is about those picks, not about attention tracking the "
+                     "dependency.")
     lines.append("- A part \"carries\" the gain only if its own row is shown and AttnRL vs GRPO is shown; tied rows "
                  "mean this study cannot split the gain, not that the part does nothing.")
     return lines
@@ -421,15 +478,21 @@ def report(records: list[dict], out_dir: Path) -> str:
         parts += tl + [""]
     by, matched = reported(records)
     stats: dict = {}
+    primary: dict = {}
     if by:
         tables, info = main_tables(by, matched)
-        stats = info["stats"]
+        stats, primary = info["stats"], info["primary"]
+        if decider is not None and not decider["metrics"]["fci_beats_both"]:
+            parts += ["**The RL table is the mechanism-absent control** (the deciding gate failed; every run's record "
+                      "says `fci_room: false`): FCI ranks steps at chance on this model, so rows that branch on it "
+                      "measure tree advantages, ADS and off-policy, not attention-guided branching.", ""]
         parts += tables + [""]
         plot(by, matched, out_dir / PLOT)
         parts += [f"Plot: `benchmarks/results/attnrl/{PLOT}` (primary metric vs generated tokens and vs updates, "
                   "mean over seeds; dashed: the oracle ceiling and the AttnRL ablations, 2 seeds).", ""]
     else:
         parts += ["No reported RL unit has finished yet.", ""]
+    parts += prediction_lines(primary, study.PREDICTIONS, len(REPORTED_SEEDS)) + [""]
     done = sum(r["role"] == "report" for r in records)
     parts += cost_lines(records, study.units()) + [""]
     parts += reading_lines(decider, stats, done, planned, units.get("gate-probe"))
@@ -441,8 +504,8 @@ def report(records: list[dict], out_dir: Path) -> str:
 
 def study_claims(results_dir: Path | None = None) -> list[dict]:
     """The AttnRL claim rows as the study's committed records say them (for the tour's claims table): AttnRL vs GRPO
-    and vs entropy branching at equal generated tokens, seed-paired over the reported seeds; a pending or refused
-    study says so instead of a verdict."""
+    and vs entropy branching at equal generated tokens, seed-paired over the reported seeds; a pending study says so
+    instead of a verdict, and after a failed FCI gate every row says the seeds ran as the mechanism-absent control."""
     from benchmarks.study.records import RESULTS, load_records
     from benchmarks.study.stats import paired
     records = load_records(results_dir or RESULTS / "attnrl")
@@ -452,22 +515,24 @@ def study_claims(results_dir: Path | None = None) -> list[dict]:
     gate = units.get(DECIDING_GATE) or units.get("gate")
     rows = [("grpo", "study, seeds 10-14: more accurate than GRPO at equal generated tokens"),
             ("entropy_tree", "study, seeds 10-14: more accurate than entropy branching (TreeRL) at equal tokens")]
-    if gate is not None and not gate["metrics"]["fci_beats_both"]:
-        return [{"paper": "AttnRL", "claim": c, "observed": "FCI gate failed: FCI ranks steps no better than earliest "
-                 "or random placement on the study's task, so no RL seed was spent", "holds": f"not tested ({where})"}
-                for _, c in rows]
+    control = gate is not None and not gate["metrics"]["fci_beats_both"]
+    # A failed gate does not stop the RL units (issue 38): they run as the mechanism-absent control, and the rows say so.
+    note = ("FCI gate failed (FCI ranks steps at chance on the study's model), so the RL seeds ran as the "
+            "mechanism-absent control: " if control else "")
     by, matched = reported(records)
     out = []
     for b, claim in rows:
         if "attnrl" not in by or b not in by or len(set(by["attnrl"]) & set(by[b])) < 2:
             n = len(by.get("attnrl", {}))
-            out.append({"paper": "AttnRL", "claim": claim, "observed": f"pending ({n} of 5 reported AttnRL seeds)",
+            out.append({"paper": "AttnRL", "claim": claim,
+                        "observed": f"{note}pending ({n} of 5 reported AttnRL seeds)",
                         "holds": f"not yet ({where})"})
             continue
         a_s = {s: _late(r, matched[s]) for s, r in by["attnrl"].items()}
         b_s = {s: _late(r, matched[s]) for s, r in by[b].items()}
         st = paired(a_s, b_s)
         out.append({"paper": "AttnRL", "claim": claim,
-                    "observed": f"attnrl - {b}: {_signed(st)} (seeds {sorted(set(a_s) & set(b_s))}, 95 % t-interval)",
-                    "holds": f"{_holds(st)} ({where})"})
+                    "observed": f"{note}attnrl - {b}: {_signed(st)} (seeds {sorted(set(a_s) & set(b_s))}, 95 % "
+                                "t-interval)",
+                    "holds": f"{_holds(st)}{', without FCI (control)' if control else ''} ({where})"})
     return out

@@ -99,7 +99,10 @@ def test_one_unit_of_each_kind_at_tiny_size(tmp_path):
     (root / "attnrl" / f"{tune_name}.json").unlink()
     refused = report([sft, gate, probe, decider], root / "attnrl")
     assert "FCI does not beat both" in refused and "No reported RL unit" in refused and "Second look" in refused
-    assert all(c["observed"].startswith("FCI gate failed") for c in study_claims(root / "attnrl"))
+    assert "mechanism-absent control" in refused and "| P1 |" in refused
+    claims = study_claims(root / "attnrl")
+    assert all(c["observed"].startswith("FCI gate failed") and "control" in c["observed"] for c in claims)
+    assert not any("no RL seed" in c["observed"] for c in claims)
 
     # past the gate (its record is edited here: a 2-step SFT model cannot pass it), every RL kind runs
     path = root / "attnrl" / f"{study.DECIDING_GATE}.json"
