@@ -93,10 +93,14 @@ def steps(runs: Path, hf_dir: Path | None) -> list[Step]:
 
 # ------------------------------------------------------------------------------------------------- the HF model
 
-def build_hf_model(path: Path, vocab_size: int = HF_VOCAB) -> Path:
-    """A small random-weight Qwen2 causal LM with a real-size vocabulary, saved locally (no hub). The tokenizer is
-    byte-level like Qwen's (one token per byte, so newline, the step delimiter ``HFCodec`` looks for, is a token, and
-    text round-trips), no merges, filler tokens up to ``vocab_size``; the logits are as wide as the 1.5B model's."""
+def build_hf_model(path: Path, vocab_size: int = HF_VOCAB, embedding_size: int = 151_936, hidden: int = 64,
+                   save_dtype: str = "bfloat16") -> Path:
+    """A small random-weight Qwen2 causal LM with a real-size vocabulary, saved locally (no hub) in ``save_dtype``,
+    bf16 as DeepSeek-R1-Distill-Qwen-1.5B is stored (a loader that keeps the checkpoint's dtype then trains in pure
+    bf16, which an fp32-saved model would hide). The tokenizer is byte-level like Qwen's (one token per byte, so
+    newline, the step delimiter ``HFCodec`` looks for, is a token, and text round-trips), no merges, filler tokens
+    up to ``vocab_size``; the logits are as wide as the 1.5B model's."""
+    import torch
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
     byte_symbols = pre_tokenizers.ByteLevel.alphabet()
@@ -107,10 +111,12 @@ def build_hf_model(path: Path, vocab_size: int = HF_VOCAB) -> Path:
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
     tok.decoder = decoders.ByteLevel()
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>", pad_token="<|endoftext|>")
-    cfg = Qwen2Config(vocab_size=151_936, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048,
+    cfg = Qwen2Config(vocab_size=max(embedding_size, vocab_size), hidden_size=hidden, intermediate_size=2 * hidden,
+                      num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048,
                       tie_word_embeddings=True, eos_token_id=vocab_size - 1, pad_token_id=vocab_size - 1)
-    Qwen2ForCausalLM(cfg).save_pretrained(path)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        Qwen2ForCausalLM(cfg).to(getattr(torch, save_dtype)).save_pretrained(path)
     fast.save_pretrained(path)
     return path
 

@@ -4,7 +4,9 @@ fp32 master weights of a bf16-saved Hugging Face model, bounded log-prob tempora
 GPU nodes' pinned environment."""
 from __future__ import annotations
 
+import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from algos.attnrl.fci import fci_scores, later_attention
 from algos.attnrl.lm import StepAttentionAccumulator
@@ -28,3 +30,107 @@ def test_fci_of_the_samplers_accumulator_on_its_device():
     acc = StepAttentionAccumulator(batch=2, num_layers=2, num_heads=2, num_steps=8, device="meta")
     alpha = acc.step_attention(1, [0, 0, 0, 1, 1, 2, 3, 3])
     assert fci_step_score_fn(RLConfig().resolved("attnrl"))(alpha).shape == (4,)
+
+
+# ------------------------------------------------------------- 4. fp32 master weights of a bf16-saved HF model
+
+def test_a_bf16_saved_hf_model_loads_fp32_and_learns_at_lr_1e_6(tmp_path):
+    """DeepSeek-R1-Distill-Qwen-1.5B is stored in bf16 and transformers 5 keeps a checkpoint's dtype: in bf16 an
+    Adam step of lr 1e-6 rounds away for almost every weight. Loaded as fp32 master weights, one step moves them."""
+    pytest.importorskip("transformers")
+    from algos.attnrl.lm import load_hf_policy
+    from benchmarks.gpu_check import build_hf_model
+    build_hf_model(tmp_path, vocab_size=300, embedding_size=300, hidden=32, save_dtype="bfloat16")
+    policy = load_hf_policy(str(tmp_path))
+    model = policy.model
+    assert {p.dtype for p in model.parameters()} == {torch.float32}
+    before = [p.detach().clone() for p in model.parameters()]
+    opt = torch.optim.Adam(model.parameters(), lr=1e-6)
+    ids = torch.randint(0, 300, (2, 24), generator=torch.Generator().manual_seed(0))
+    model(input_ids=ids, labels=ids).loss.backward()
+    opt.step()
+    moved = sum(int((p.detach() != b).sum()) for p, b in zip(model.parameters(), before))
+    total = sum(b.numel() for b in before)
+    assert moved / total > 0.9, f"{moved}/{total} weights moved"
+
+
+# ---------------------------------------------------------------- 6. log-probs through bounded temporaries
+
+class _LargestTemporary(TorchDispatchMode):
+    """Records the largest tensor (numel) any op allocates."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.largest = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        inputs = {a.untyped_storage().data_ptr() for a in torch.utils._pytree.tree_leaves((args, kwargs))
+                  if isinstance(a, torch.Tensor)}
+        for t in out if isinstance(out, (tuple, list)) else (out,):
+            # a view (reshape, expand) of an input allocates nothing
+            if isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() not in inputs:
+                self.largest = max(self.largest, t.numel())
+        return out
+
+
+def _direct_scores(logits, gather_pos, targets, mask, temperature):
+    """The computation the chunked one replaces, in float64: full gather, then log-softmax."""
+    x = logits.double().gather(1, gather_pos[..., None].expand(-1, -1, logits.shape[-1]))
+    x = x / temperature if temperature > 0 else x
+    logp = x.log_softmax(-1)
+    return (logp.gather(-1, targets[..., None]).squeeze(-1) * mask,
+            -(logp.exp() * logp).sum(-1) * mask)
+
+
+def _logprob_inputs(B=4, T=20, R=12, V=50, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    logits = torch.randn(B, T, V, generator=g) * 3
+    lengths = [12, 7, 1, 0]
+    gather_pos = torch.zeros(B, R, dtype=torch.long)
+    targets = torch.zeros(B, R, dtype=torch.long)
+    mask = torch.zeros(B, R)
+    for b, n in enumerate(lengths):
+        gather_pos[b, :n] = torch.arange(T - n - 1, T - 1)
+        targets[b, :n] = torch.randint(0, V, (n,), generator=g)
+        mask[b, :n] = 1
+    return logits, gather_pos, targets, mask
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7, 0.0])
+def test_chunked_logprobs_equal_the_direct_computation_with_gradients(temperature):
+    from algos.attnrl.lm import token_logprobs
+    logits, gather_pos, targets, mask = _logprob_inputs()
+    want_lp, want_ent = _direct_scores(logits, gather_pos, targets, mask, temperature)
+    x = logits.clone().requires_grad_(True)
+    lp, ent = token_logprobs(x, gather_pos, targets, mask, temperature, chunk_rows=5)
+    assert torch.allclose(lp.double(), want_lp, atol=1e-5) and torch.allclose(ent.double(), want_ent, atol=1e-5)
+    (lp.sum() + 0.3 * ent.sum()).backward()
+    ref = logits.double().clone().requires_grad_(True)
+    a, b = _direct_scores(ref, gather_pos, targets, mask, temperature)
+    (a.sum() + 0.3 * b.sum()).backward()
+    assert torch.allclose(x.grad.double(), ref.grad, atol=1e-5)
+
+
+def test_logprob_temporaries_are_bounded_by_chunk_times_vocab():
+    """Every tensor made while scoring (forward with and without gradients, and the backward's recomputation) is at
+    most chunk x vocab, besides the logits' own gradient; the direct computation makes (B, R, V) copies."""
+    from algos.attnrl.lm import token_logprobs
+    logits, gather_pos, targets, mask = _logprob_inputs()
+    B, R, V = gather_pos.shape[0], gather_pos.shape[1], logits.shape[-1]
+    chunk = 3
+    with torch.no_grad(), _LargestTemporary() as probe:
+        token_logprobs(logits, gather_pos, targets, mask, 1.0, chunk_rows=chunk)
+    assert probe.largest <= chunk * V < B * R * V
+    x = logits.clone().requires_grad_(True)
+    with _LargestTemporary() as probe:
+        lp, ent = token_logprobs(x, gather_pos, targets, mask, 1.0, chunk_rows=chunk)
+    assert probe.largest <= chunk * V
+    saved = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
+        lp, ent = token_logprobs(x, gather_pos, targets, mask, 1.0, chunk_rows=chunk)
+    big = [t for t in saved if t.numel() > chunk * V and t.data_ptr() != x.data_ptr()]
+    assert not big, [tuple(t.shape) for t in big]
+    with _LargestTemporary() as probe:
+        (lp.sum() + ent.sum()).backward()
+    assert probe.largest <= max(chunk * V, x.numel())  # the gradient of the logits is as large as they are

@@ -359,6 +359,54 @@ def forward_scores(policy: Policy, prompts: Sequence[Sequence[int]], responses: 
     return SequenceScores(joined("logprobs"), joined("entropy"), joined("mask"), step_attention)
 
 
+LOGPROB_CHUNK_ROWS = 1024  # positions per chunk of token_logprobs: 1024 x 151,936 x 4 B = 0.6 GB per fp32 temporary
+
+
+def _chunk_scores(flat: torch.Tensor, rows: torch.Tensor, targets: torch.Tensor,
+                  temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Log-prob of ``targets`` and entropy at the ``rows`` of ``flat`` logits (N, V), through fp32 temporaries of
+    (len(rows), V)."""
+    x = flat.index_select(0, rows).float()
+    if temperature > 0:
+        x = x / temperature
+    lse = x.logsumexp(-1)
+    token = x.gather(-1, targets[:, None]).squeeze(-1) - lse
+    # H = lse - sum_v p_v x_v with p = softmax(x): no full log-prob row is kept
+    entropy = lse - (x.softmax(-1) * x).sum(-1)
+    return token, entropy
+
+
+def token_logprobs(logits: torch.Tensor, gather_pos: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor,
+                   temperature: float, chunk_rows: int = LOGPROB_CHUNK_ROWS) -> tuple[torch.Tensor, torch.Tensor]:
+    """Log-prob of ``targets`` (B, R) read at positions ``gather_pos`` (B, R) of ``logits`` (B, T, V), and the
+    entropy there, 0 where ``mask`` is 0; gradients flow to ``logits``.
+
+    Logsumexp and gather over chunks of ``chunk_rows`` response positions (padding skipped): every temporary is at
+    most ``chunk_rows x V``. Gathering all positions first and taking a full log-softmax kept ~4 fp32 copies of
+    (B, R, V) beside the model's logits: ~33 GB per rank at 16k tokens and a 152k vocabulary. Under gradients each
+    chunk is recomputed in backward (checkpointed), so what stays saved is the model's logits alone.
+    """
+    B, T, V = logits.shape
+    R = gather_pos.shape[1]
+    flat = logits.reshape(B * T, V)
+    rows = (torch.arange(B, device=logits.device)[:, None] * T + gather_pos).reshape(-1)
+    flat_targets = targets.reshape(-1)
+    valid = (mask.reshape(-1) > 0).nonzero().squeeze(-1)
+    grad = torch.is_grad_enabled() and logits.requires_grad
+    token_logp = torch.zeros(B * R, device=logits.device)
+    entropy = torch.zeros(B * R, device=logits.device)
+    for part in valid.split(max(1, chunk_rows)):
+        args = (flat, rows[part], flat_targets[part], temperature)
+        if grad:
+            from torch.utils.checkpoint import checkpoint
+            token, ent = checkpoint(_chunk_scores, *args, use_reentrant=False)
+        else:
+            token, ent = _chunk_scores(*args)
+        token_logp = token_logp.index_copy(0, part, token)
+        entropy = entropy.index_copy(0, part, ent)
+    return token_logp.reshape(B, R), entropy.reshape(B, R)
+
+
 def _forward_scores(policy: Policy, prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]],
                     temperature: float, output_step_attention: bool) -> SequenceScores:
     codec = policy.codec
@@ -382,12 +430,7 @@ def _forward_scores(policy: Policy, prompts: Sequence[Sequence[int]], responses:
     with policy.autocast():
         all_logits, _, attentions = _forward(policy.model, ids, mask, (mask.cumsum(1) - 1).clamp(min=0), None, False,
                                              output_step_attention)
-    logits = all_logits.float().gather(1, gather_pos[..., None].expand(-1, -1, all_logits.shape[-1]))
-    if temperature > 0:
-        logits = logits / temperature
-    logp = logits.log_softmax(-1)
-    token_logp = logp.gather(-1, targets[..., None]).squeeze(-1) * resp_mask
-    entropy = -(logp.exp() * logp).sum(-1) * resp_mask
+    token_logp, entropy = token_logprobs(all_logits, gather_pos, targets, resp_mask, temperature)
     step_attention = None
     if output_step_attention:
         step_attention = []
@@ -418,10 +461,21 @@ class HFCodec:
         return self.tokenizer.decode(list(ids), skip_special_tokens=True)
 
 
-def load_hf_policy(path: str, delimiter: str = "\n", autocast_bf16: bool = False) -> Policy:
-    """A local HF causal-LM directory as a :class:`Policy`, with eager attention so attention weights exist."""
+def load_hf_policy(path: str, delimiter: str = "\n", autocast_bf16: bool = False,
+                   dtype: torch.dtype = torch.float32) -> Policy:
+    """A local HF causal-LM directory as a :class:`Policy`, with eager attention so attention weights exist.
+
+    The weights are loaded as ``dtype``, fp32 by default whatever the checkpoint holds: transformers 5 otherwise
+    keeps a checkpoint's own dtype (DeepSeek-R1-Distill-Qwen-1.5B is stored in bf16), and a bf16 parameter does
+    not move under an update of lr 1e-6 (its spacing near 0.02 is ~1e-4), so RL would silently stop learning.
+    bf16 belongs to the matmuls, under ``autocast_bf16``. A sampler that never updates may pass bf16 to halve its
+    copy.
+    """
+    import transformers
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    model = AutoModelForCausalLM.from_pretrained(path, attn_implementation="eager")
+    major, minor = (int(x) for x in transformers.__version__.split(".")[:2])
+    dtype_kwarg = "dtype" if (major, minor) >= (4, 56) else "torch_dtype"  # renamed in transformers 4.56
+    model = AutoModelForCausalLM.from_pretrained(path, attn_implementation="eager", **{dtype_kwarg: dtype})
     tokenizer = AutoTokenizer.from_pretrained(path)
     return Policy(model=model, codec=HFCodec(tokenizer, delimiter), autocast_bf16=autocast_bf16)

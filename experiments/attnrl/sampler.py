@@ -50,8 +50,10 @@ class LMSampler:
         if same_model and weights.get("state_dict") is not None:
             self.policy.model.load_state_dict(weights["state_dict"])  # new version of the same model: in place
         else:
-            self.policy = build_policy(weights, use_bf16(self.config.get("autocast_bf16", "auto"), self.device),
-                                       self.config.get("delimiter", "\n"))
+            bf16 = use_bf16(self.config.get("autocast_bf16", "auto"), self.device)
+            # a sampler never updates its weights: bf16 copies where it computes in bf16 (half the memory)
+            self.policy = build_policy(weights, bf16, self.config.get("delimiter", "\n"),
+                                       hf_dtype=torch.bfloat16 if bf16 else torch.float32)
             self.policy.model.to(self.device)
             self._kind, self._gpt, self._path = weights.get("kind"), weights.get("gpt"), weights.get("path")
         self.version = version

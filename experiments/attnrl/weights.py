@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import dataclasses
 
+import torch
+
 from algos.attnrl.lm import Policy
 
 
@@ -29,8 +31,11 @@ def cpu_state(model) -> dict:
     return {k: v.detach().to("cpu").clone() for k, v in model.state_dict().items()}
 
 
-def build_policy(weights: dict, autocast_bf16: bool = False, delimiter: str = "\n") -> Policy:
-    """A policy (on the CPU, in eval mode) from published weights; ``delimiter`` ends a step for an HF tokenizer."""
+def build_policy(weights: dict, autocast_bf16: bool = False, delimiter: str = "\n",
+                 hf_dtype: torch.dtype = torch.float32) -> Policy:
+    """A policy (on the CPU, in eval mode) from published weights; ``delimiter`` ends a step for an HF tokenizer.
+    An HF model's weights are ``hf_dtype``: fp32 master weights for a learner (``load_hf_policy``), bf16 for a
+    sampler that computes in bf16 anyway and holds several models (``pool.max_samplers_per_worker``)."""
     kind = weights.get("kind")
     if kind == "gpt":
         from algos.attnrl.gpt import GPT, GPTConfig
@@ -38,7 +43,7 @@ def build_policy(weights: dict, autocast_bf16: bool = False, delimiter: str = "\
         policy = Policy(GPT(GPTConfig(**weights["gpt"])), CharTokenizer(), autocast_bf16)
     elif kind == "hf":
         from algos.attnrl.lm import load_hf_policy
-        policy = load_hf_policy(weights["path"], delimiter, autocast_bf16)
+        policy = load_hf_policy(weights["path"], delimiter, autocast_bf16, dtype=hf_dtype)
     else:
         raise ValueError(f"lm sampler: weights['kind'] must be 'gpt' or 'hf', got {kind!r}")
     if weights.get("state_dict") is not None:
