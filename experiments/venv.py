@@ -5,8 +5,9 @@
 CPU machines get ``torch==2.13.0`` installed first (a local CPU build; a bare ``torch`` requirement would pull a
 multi-GB CUDA build), and every package at the exact version of ``constraints-cpu.txt``, so two fresh machines get the
 same environment. GPU nodes set ``ORRERY_TORCH`` to the torch requirement they want, e.g.
-``ORRERY_TORCH="torch==2.13.0" ORRERY_TORCH_INDEX=https://download.pytorch.org/whl/cu126`` (then the constraints, made
-for the CPU build, are not applied). The environment is rebuilt only when ``pyproject.toml``, the constraints or the
+``ORRERY_TORCH="torch==2.13.0" ORRERY_TORCH_INDEX=https://download.pytorch.org/whl/cu126``; they keep every other pin
+of the constraints (only torch's own line, made for the CPU build, gives way), so GPU and CPU nodes run the same Ray,
+numpy and transformers. The environment is rebuilt only when ``pyproject.toml``, the constraints or the
 torch choice change (a stamp file records them). Packages go in with uv when uv can be installed (the same pinned
 versions from the same sources pip is configured with, ~30 s instead of ~90 s on a 2-core machine), else with pip.
 """
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import subprocess
 import sys
 import venv
@@ -83,6 +85,27 @@ def _wanted_stamp(torch_req: str, index: str) -> str:
     return f"{digest} {torch_req} {index}".strip()  # stored stripped: an empty index must not leave a space
 
 
+def _requirement_name(line: str) -> str:
+    return re.split(r"[\s=<>!~;\[]", line.strip(), maxsplit=1)[0].lower().replace("_", "-")
+
+
+def constraint_lines(torch_req: str, index: str) -> list[str]:
+    """The pins to install under: all of ``constraints-cpu.txt`` for the CPU build; for a GPU node's own torch
+    (``ORRERY_TORCH``/``ORRERY_TORCH_INDEX``) all of them but torch's, which that choice replaces."""
+    lines = [ln for ln in CONSTRAINTS.read_text().splitlines() if ln.strip() and not ln.lstrip().startswith("#")]
+    if torch_req == CPU_TORCH and not index:
+        return lines
+    return [ln for ln in lines if _requirement_name(ln) != "torch"]
+
+
+def _constraints_file(torch_req: str, index: str) -> Path:
+    if torch_req == CPU_TORCH and not index:
+        return CONSTRAINTS
+    path = VENV / "constraints-gpu.txt"
+    path.write_text("\n".join(constraint_lines(torch_req, index)) + "\n")
+    return path
+
+
 def ensure_venv() -> Path:
     torch_req = os.environ.get("ORRERY_TORCH", CPU_TORCH)
     index = os.environ.get("ORRERY_TORCH_INDEX", "")
@@ -92,7 +115,7 @@ def ensure_venv() -> Path:
     if not _python().exists():
         print(f"creating virtual environment {VENV}", flush=True)
         venv.EnvBuilder(with_pip=True).create(VENV)
-    pinned = ["-c", str(CONSTRAINTS)] if torch_req == CPU_TORCH and not index else []
+    pinned = ["-c", str(_constraints_file(torch_req, index))]
     install = _installer()
     install(*pinned, torch_req, *(["--index-url", index] if index else []))
     install(*pinned, "-e", ".[test,bench]")

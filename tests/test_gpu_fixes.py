@@ -4,12 +4,18 @@ fp32 master weights of a bf16-saved Hugging Face model, bounded log-prob tempora
 GPU nodes' pinned environment."""
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 import pytest
 import torch
+import yaml
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from algos.attnrl.fci import fci_scores, later_attention
 from algos.attnrl.lm import StepAttentionAccumulator
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 # ------------------------------------------------------------------------- 1. FCI's mask on the sums' device
@@ -134,3 +140,45 @@ def test_logprob_temporaries_are_bounded_by_chunk_times_vocab():
     with _LargestTemporary() as probe:
         (lp.sum() + ent.sum()).backward()
     assert probe.largest <= max(chunk * V, x.numel())  # the gradient of the logits is as large as they are
+
+
+# ------------------------------------------------------------------ 5. GPU nodes keep every pin but torch's
+
+def test_a_gpu_torch_choice_keeps_every_other_pin():
+    from experiments.venv import CONSTRAINTS, constraint_lines
+    pins = [ln for ln in CONSTRAINTS.read_text().splitlines() if ln.strip() and not ln.startswith("#")]
+    assert "torch==2.13.0" in pins and any(ln.startswith("ray==") for ln in pins)
+    assert constraint_lines("torch==2.13.0", "") == pins  # the CPU build: everything
+    gpu = constraint_lines("torch==2.13.0", "https://download.pytorch.org/whl/cu126")
+    assert gpu == [ln for ln in pins if ln != "torch==2.13.0"]
+    assert constraint_lines("torch>=2.11", "") == gpu  # another torch, e.g. a machine's own build
+
+
+# ------------------------------------------------------------------------------------- 2, 3. the deploy files
+
+DEPLOY = Path(__file__).resolve().parents[1] / "cluster" / "deploy"
+
+
+def test_the_aws_head_installs_boto3_into_the_python_that_runs_its_autoscaler():
+    """The AWS autoscaler lives in the head's ``ray start`` process and launches nodes with boto3: it must be
+    installed into the environment that ``ray`` comes from (the venv), after that venv is built."""
+    spec = yaml.safe_load((DEPLOY / "ray-cluster.yaml").read_text())
+    assert spec["provider"]["type"] == "aws"
+    starts = [c for c in spec["head_start_ray_commands"] if "ray start" in c]
+    ray_bin = re.search(r"(\S*/)ray start", starts[0]).group(1)
+    installs = [c for c in (spec.get("head_setup_commands") or []) + (spec.get("setup_commands") or [])
+                if re.search(r"pip install .*boto3", c)]
+    assert installs and all(c.startswith(f"{ray_bin}python -m pip") or c.startswith(f"{ray_bin}pip")
+                            for c in installs), installs
+
+
+def test_the_image_copies_every_file_the_venv_setup_reads():
+    """``python3 -m experiments.venv`` in the Dockerfile reads pyproject.toml (and the README it names) and the
+    constraints: each must be COPYed before that RUN line."""
+    from experiments.venv import CONSTRAINTS
+    lines = (DEPLOY / "Dockerfile").read_text().splitlines()
+    run = next(i for i, ln in enumerate(lines) if ln.startswith("RUN") and "experiments.venv" in ln)
+    copied = {src for ln in lines[:run] if ln.startswith("COPY")
+              for src in [w for w in ln.split()[1:] if not w.startswith("--")][:-1]}
+    readme = re.search(r'^readme = "(.+)"', (ROOT / "pyproject.toml").read_text(), re.M).group(1)
+    assert {"pyproject.toml", readme, CONSTRAINTS.name, "experiments"} <= copied, copied
