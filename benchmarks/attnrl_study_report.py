@@ -473,6 +473,8 @@ def report(records: list[dict], out_dir: Path) -> str:
     if probe:
         parts += probe + [""]
     parts += deciding_gate_lines(decider, study.DECIDING_GATE) + [""]
+    from benchmarks.attnrl_units_report import summary_line
+    parts += [summary_line(out_dir.parent / "attnrl_units"), ""]  # issue 38's second model for the gate
     tl = tuning_lines(records)
     if tl:
         parts += tl + [""]

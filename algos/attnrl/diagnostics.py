@@ -130,12 +130,13 @@ def _intervene(policy: Policy, task, problems: Sequence, kept: Sequence, per_ste
         ids = r.response_ids
         originals[k] = last_line(ids)
         width, modulus = problem.value_width, problem.modulus
+        size = len(codec.encode("0" * width))  # tokens of a written value: ``width`` characters, or one unit token
         for s in range(1, problem.difficulty):  # computation steps after the first; the answer line has no result
-            end = r.step_starts[s + 1] - 1  # the step's delimiter; its result is the ``width`` tokens before it
-            written = codec.decode(ids[end - width:end])
+            end = r.step_starts[s + 1] - 1  # the step's delimiter; its result is the ``size`` tokens before it
+            written = codec.decode(ids[end - size:end])
             others = [v for v in range(modulus) if str(v).zfill(width) != written]
             for value in rng.sample(others, min(per_step, len(others))):
-                prefix = tuple(ids[:end - width]) + tuple(codec.encode(str(value).zfill(width) + newline))
+                prefix = tuple(ids[:end - size]) + tuple(codec.encode(str(value).zfill(width) + newline))
                 requests.append(GenerationRequest(r.prompt_ids, prefix, max_tokens - len(prefix), tag=(k, s)))
     changed: dict[tuple[int, int], list[float]] = {}
     for b in generate(policy, requests, max_tokens, 0.0, max_batch_size=max_batch_size):

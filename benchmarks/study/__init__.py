@@ -14,5 +14,6 @@ STUDIES: dict[str, str] = {
     "vidd_molecule": "benchmarks.study.vidd_molecule:STUDY",
     "vidd_dna": "benchmarks.study.vidd_dna:STUDY",
     "attnrl": "benchmarks.study.attnrl:STUDY",
+    "attnrl_units": "benchmarks.study.attnrl_units:STUDY",
     "ecit": "benchmarks.study.ecit:STUDY",
 }
