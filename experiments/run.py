@@ -95,8 +95,9 @@ def prepare(overrides: list[str]) -> tuple[dict[str, Any], RunContext]:
     info = connect(cfg["_typed"]["cluster"])
     if info.get("dashboard_url"):
         print(f"Ray dashboard: {info['dashboard_url']}", file=sys.stderr, flush=True)
-    from cluster.storage import require_shared
+    from cluster.storage import input_paths, require_same_inputs, require_shared
     require_shared(run_dir.path)  # a multi-node cluster: every node must see the run directory
+    require_same_inputs(input_paths(cfg["experiment"]))  # ... and read the same model where each loads its own
     return cfg, RunContext(cfg=cfg, run_dir=run_dir, cluster=info)
 
 

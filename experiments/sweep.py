@@ -152,9 +152,10 @@ def main(argv: list[str] | None = None) -> Any:
     info = connect(cfg["_typed"]["cluster"])
     if info.get("dashboard_url"):
         print(f"Ray dashboard: {info['dashboard_url']}", file=sys.stderr, flush=True)
-    from cluster.storage import StorageNotShared, require_shared
+    from cluster.storage import StorageNotShared, input_paths, require_same_inputs, require_shared
     try:
         require_shared(path)  # every node writes trials there
+        require_same_inputs(input_paths(cfg["experiment"]))  # and every trial's learners read the same model
     except StorageNotShared as err:
         print(f"storage error: {err}", file=sys.stderr)
         raise SystemExit(2)

@@ -64,8 +64,11 @@ from cluster import storage
 token = storage.write_marker(sys.argv[2])
 nodes = storage.alive_nodes()
 out = {"nodes": len(nodes), "missing": storage.nodes_not_seeing(sys.argv[2], token),
-       "wrong": storage.nodes_not_seeing(sys.argv[2], "not the token")}
+       "wrong": storage.nodes_not_seeing(sys.argv[2], "not the token"),
+       "inputs_differ": storage.nodes_reading_otherwise(sys.argv[2]),
+       "inputs_wrong": storage.nodes_reading_otherwise(sys.argv[2], expected="another copy")}
 storage.require_shared(sys.argv[2])  # every node of this one machine sees the directory: passes
+storage.require_same_inputs([sys.argv[2]])  # and reads the same files there: passes
 print("RESULT", json.dumps(out), flush=True)
 """
 
@@ -97,3 +100,46 @@ def test_every_node_of_a_multi_node_cluster_is_asked(tmp_path):
     assert proc.returncode == 0 and lines, proc.stdout[-2000:] + proc.stderr[-3000:]
     out = json.loads(lines[-1].split(" ", 1)[1])
     assert out["nodes"] == 2 and out["missing"] == [] and len(out["wrong"]) == 2 and len(set(out["wrong"])) == 2
+    assert out["inputs_differ"] == [] and sorted(out["inputs_wrong"]) == sorted(out["wrong"])
+
+
+# ------------------------------------------------------------------- inputs every node reads (experiment.hf_model)
+
+def _model_dir(path: Path, weights: bytes) -> Path:
+    path.mkdir(parents=True)
+    (path / "config.json").write_text('{"model_type": "qwen2"}')
+    (path / "model.safetensors").write_bytes(weights)
+    return path
+
+
+def test_the_fingerprint_tells_copies_from_other_files(tmp_path):
+    big = bytes(range(256)) * (4 * storage.SAMPLE_BYTES // 256)  # 4 MiB: sampled, not read whole
+    a = storage.fingerprint(_model_dir(tmp_path / "a", big))
+    assert a is not None and storage.fingerprint(_model_dir(tmp_path / "copy", big)) == a
+    assert storage.fingerprint(_model_dir(tmp_path / "tail", big[:-1] + b"\x01")) != a  # last byte
+    assert storage.fingerprint(_model_dir(tmp_path / "short", big[:-1])) != a  # size
+    (tmp_path / "extra").mkdir()
+    _model_dir(tmp_path / "extra" / "m", big)
+    (tmp_path / "extra" / "m" / "tokenizer.json").write_text("{}")
+    assert storage.fingerprint(tmp_path / "extra" / "m") != a  # one more file
+    assert storage.fingerprint(tmp_path / "nowhere") is None
+    assert storage.input_paths({"hf_model": str(tmp_path / "a"), "seed": 0}) == [str(tmp_path / "a")]
+    assert storage.input_paths({"hf_model": None}) == []
+
+
+def test_a_node_reading_another_model_is_named(ray_cluster, tmp_path):
+    model = _model_dir(tmp_path / "m", b"weights")
+    assert storage.nodes_reading_otherwise(model) == []
+    assert len(storage.nodes_reading_otherwise(model, expected="the driver's other copy")) == 1
+    storage.require_same_inputs([model], min_nodes=1)  # the one node reads the driver's files: passes
+
+
+def test_require_same_inputs_fails_with_one_line_naming_the_nodes(ray_cluster, tmp_path, monkeypatch):
+    model = _model_dir(tmp_path / "m", b"weights")
+    real = storage.fingerprint
+    # as if the driver's copy differed from the nodes' (the task on the node computes the real one)
+    monkeypatch.setattr(storage, "fingerprint", lambda p: "driver's" if Path(p) == model else real(p))
+    with pytest.raises(storage.StorageNotShared) as err:
+        storage.require_same_inputs([model], min_nodes=1)
+    message = str(err.value)
+    assert "\n" not in message and "is not the same on every node" in message
