@@ -174,7 +174,8 @@ def run_gate(ctx: UnitContext) -> dict:
                                                                       random_draws=draws), 0)["overall"]
                     for d in base.GATE_DELTAS}
     branch_s = time.perf_counter() - t0
-    heads = base.head_correlations(sft, task, problems[:ctx.size("head_problems", 64)], rl.delta)
+    spread = problems[::max(1, len(problems) // ctx.size("head_problems", 64))]  # every difficulty, not the first
+    heads = base.head_correlations(sft, task, spread, rl.delta)
     sft_eval = base.evaluator(task, ctx)(sft)
     ctx.progress(1, 1, "gate", fci_beats_both=str(decision["fci_beats_both"]))
     return {"metrics": {"fci_beats_both": decision["fci_beats_both"], "beats_earliest": decision["beats_earliest"],
