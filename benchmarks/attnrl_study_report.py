@@ -518,7 +518,7 @@ def study_claims(results_dir: Path | None = None) -> list[dict]:
     rows = [("grpo", "study, seeds 10-14: more accurate than GRPO at equal generated tokens"),
             ("entropy_tree", "study, seeds 10-14: more accurate than entropy branching (TreeRL) at equal tokens")]
     control = gate is not None and not gate["metrics"]["fci_beats_both"]
-    # A failed gate does not stop the RL units (issue 38): they run as the mechanism-absent control, and the rows say so.
+    # A failed gate does not stop the RL units (issue 38): they run as the mechanism-absent control; the rows say so.
     note = ("FCI gate failed (FCI ranks steps at chance on the study's model), so the RL seeds run as the "
             "mechanism-absent control: " if control else "")
     by, matched = reported(records)

@@ -7,7 +7,8 @@ from pathlib import Path
 from benchmarks.attnrl_study_report import _signed, main_tables, reported, sft_lines
 
 TITLE = "## AttnRL's FCI gate on a unit-token 4-layer model (`python -m benchmarks.study attnrl_units`)"
-COMMAND = "nice -n 19 python -m benchmarks.study attnrl_units run   # then: python -m benchmarks.study attnrl_units report"
+COMMAND = ("nice -n 19 python -m benchmarks.study attnrl_units run   "
+           "# then: python -m benchmarks.study attnrl_units report")
 COLUMNS = ("fci", "earliest", "random", "fci_minus_earliest", "fci_minus_random")
 
 

@@ -9,7 +9,8 @@ NAN = (float("nan"),) * 3
 
 
 def _gate(beats: bool) -> dict:
-    row = {"responses": 100, "fci": (0.001, -0.03, 0.03), "earliest": (-0.2, -0.25, -0.15), "random": (0.0, -0.01, 0.01),
+    row = {"responses": 100, "fci": (0.001, -0.03, 0.03), "earliest": (-0.2, -0.25, -0.15),
+           "random": (0.0, -0.01, 0.01),
            "fci_minus_earliest": (0.2, 0.15, 0.25), "fci_minus_random": (0.001, -0.03, 0.03)}
     return {"unit": study.DECIDING_GATE, "role": "gate", "method": "fci_gate", "seed": None, "cpu_s": 60.0,
             "metrics": {"fci_beats_both": beats, "beats_earliest": beats, "beats_random": beats, "delta": 2,
@@ -48,7 +49,8 @@ def test_prediction_outcome_rules():
     assert rep.prediction_outcome((-0.05, -0.09, -0.01), "equal", 5, 5) == "did not hold"
     assert rep.prediction_outcome((-0.05, -0.09, -0.01), "not_above", 5, 5) == "held"
     assert rep.prediction_outcome((0.05, 0.01, 0.09), "not_above", 5, 5) == "did not hold"
-    assert rep.prediction_outcome((0.05, 0.01, 0.09), "not_above", 3, 5) == "pending (3 of 5 seeds; so far did not hold)"
+    assert (rep.prediction_outcome((0.05, 0.01, 0.09), "not_above", 3, 5)
+            == "pending (3 of 5 seeds; so far did not hold)")
     assert rep.prediction_outcome(NAN, "equal", 1, 5) == "pending (1 of 5 seeds)"
     assert set(rep.PREDICTION_RULES) == set(study.PREDICTIONS)  # every declared prediction has a reading rule
 

@@ -1,4 +1,4 @@
-"""AttnRL's second model for the FCI gate (issue 38): the program-tracing task written in its own units, a 4-layer model.
+"""AttnRL's second model for the FCI gate (issue 38): the program-tracing task in its own units, a 4-layer model.
 
     python -m benchmarks.study attnrl_units status
     nice -n 19 python -m benchmarks.study attnrl_units run &
