@@ -76,10 +76,13 @@ def stage0_options(train: TrainConfig) -> dict[str, Any] | None:
     return options
 
 
-def _stage0_task(fn: Callable[..., Any], threads: int, args: tuple, kwargs: dict) -> Any:
+def _stage0_task(fn: Callable[..., Any], threads: int, args: tuple, kwargs: dict) -> tuple[str, Any]:
+    """(the device this task computes on, as it sees it; ``fn``'s result)."""
     import torch
+
+    from cluster.devices import assigned_device
     torch.set_num_threads(threads)  # Ray sets OMP_NUM_THREADS from the task's CPUs; torch follows explicitly
-    return fn(*args, **kwargs)
+    return str(assigned_device()), fn(*args, **kwargs)
 
 
 def stage0(fn: Callable[..., Any], *args: Any, train: TrainConfig, **kwargs: Any) -> Any:
@@ -90,14 +93,24 @@ def stage0(fn: Callable[..., Any], *args: Any, train: TrainConfig, **kwargs: Any
     if options is None:
         return fn(*args, **kwargs)
     threads = max(1, int(options["num_cpus"]))
-    log.info("stage 0 (%s) as a Ray task with %s", getattr(fn, "__name__", fn), options)
-    return ray.get(ray.remote(**options)(_stage0_task).remote(fn, threads, args, kwargs))
+    name = getattr(fn, "__name__", fn)
+    log.info("stage 0 (%s) as a Ray task with %s", name, options)
+    device, result = ray.get(ray.remote(**options)(_stage0_task).remote(fn, threads, args, kwargs))
+    # the device as the task found it (benchmarks/gpu_check.py asserts it is the GPU): asking for a GPU is not
+    # the same as computing on one
+    log.info("stage 0 (%s) ran on %s (reported by the task)", name, device)
+    return result
 
 
 def _run_from(train_fn: Callable[[dict], None], start_from: str | None, config: dict) -> None:
     """On each Train worker: the checkpoint to start from when this run has none of its own (a PBT donor's)."""
+    import torch.distributed as dist
+
     from cluster import ddp
     _quiet_report_log()
+    if dist.is_initialized():  # what the group really is (benchmarks/gpu_check.py asserts NCCL where asked for)
+        log.info("learner rank %d of %d: process group backend %s", dist.get_rank(), dist.get_world_size(),
+                 dist.get_backend())
     ddp.START_FROM = start_from
     train_fn(config)
 

@@ -134,7 +134,7 @@ def test_lm_sampler_cache_fits_a_gpu_workers_share_at_paper_scale():
 
 def test_gpu_check_row_assertions_fail_when_they_should(tmp_path):
     """The checks gpu_check applies to each run, on run directories written the way learners write them."""
-    from benchmarks.gpu_check import precision_as_expected, replicas_identical, resumed, stage0_task
+    from benchmarks.gpu_check import precision_as_expected, replicas_identical, resumed, stage0_on_gpu
     from cluster.metrics import MetricsLogger
 
     def run(name: str, rows: list[dict]) -> Path:
@@ -153,8 +153,8 @@ def test_gpu_check_row_assertions_fail_when_they_should(tmp_path):
     assert precision_as_expected(log, True) is None
     assert "expected fp32" in precision_as_expected(log, False)
     assert "no 'precision on cuda' line" in precision_as_expected("precision on cpu: fp32", True)
-    assert stage0_task(good, "stage 0 (pretrain_stage) as a Ray task with {...}") is None
-    assert stage0_task(good, "") is not None
+    assert stage0_on_gpu(good, "stage 0 (pretrain_stage) ran on cuda:0 (reported by the task)") is None
+    assert stage0_on_gpu(good, "") is not None
 
 
 def test_lift_finetune_sizes_are_global_totals():

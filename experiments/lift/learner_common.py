@@ -8,6 +8,7 @@ resumed learner drops the Parquet rows and metric rows written after it.
 """
 from __future__ import annotations
 
+import logging
 import math
 from pathlib import Path
 from typing import Any
@@ -20,10 +21,22 @@ from algos.normalizer import RunningNormalizer
 from cluster import ddp
 from experiments.lift.driver_common import evaluate_policy
 
+log = logging.getLogger(__name__)
+
 
 def learner_device(setting: str) -> torch.device:
-    """``auto``: this Train worker's device (its GPU if there is one); otherwise the named device."""
-    return ddp.device() if setting == "auto" else torch.device(setting)
+    """``auto``: this Train worker's device (its GPU if there is one); otherwise the named device (logged: the GPU
+    check asserts it)."""
+    device = ddp.device() if setting == "auto" else torch.device(setting)
+    log.info("learner rank %d computes on %s", _rank_or_0(), device)
+    return device
+
+
+def _rank_or_0() -> int:
+    try:
+        return ddp.rank()
+    except Exception:  # noqa: BLE001 - outside a Ray Train worker (a unit test): one process
+        return 0
 
 
 def env_dims(task: str, change: dict | None = None) -> tuple[int, int]:
