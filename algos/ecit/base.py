@@ -1,14 +1,17 @@
-"""The base conditional independence tests run on each subset: causal-learn's KCI and Fisher-z, on arrays.
+"""The base conditional independence tests run on each subset: causal-learn's KCI and Fisher-z, and ``kci_lp`` (KCI's
+statistic with a local-permutation null, :mod:`algos.ecit.local_perm`), on arrays.
 
 ``base_pvalue(x, y, z, base)`` tests X _||_ Y | Z on the rows given (2-D arrays, one row per sample; ``z`` may be
 None or have 0 columns). KCI takes multi-column X and Y; Fisher-z one column each. Options go to causal-learn's
-test class unchanged (e.g. KCI's ``kernelX``, ``est_width``, ``approx``).
+test class unchanged (e.g. KCI's ``kernelX``, ``est_width``, ``approx``); ``kci_lp`` takes ``n_perm`` and
+``bin_size`` and draws its permutations from numpy's global generator (seeded per subset by
+:func:`algos.ecit.ecit.subset_pvalue`), like causal-learn's own random draws.
 """
 from __future__ import annotations
 
 import numpy as np
 
-BASES = ("kci", "fisherz")
+BASES = ("kci", "fisherz", "kci_lp")
 
 
 def as_columns(a, name: str, n: int | None = None, allow_empty: bool = False) -> np.ndarray:
@@ -41,6 +44,10 @@ def check_base(base: str, x: np.ndarray, y: np.ndarray) -> None:
 def base_pvalue(x: np.ndarray, y: np.ndarray, z: np.ndarray | None, base: str = "kci",
                 options: dict | None = None) -> float:
     """p-value of the base test of X _||_ Y | Z on these rows (arrays already checked by :func:`as_columns`)."""
+    if base == "kci_lp":
+        from algos.ecit.local_perm import kci_lp_pvalue
+        rng = np.random.default_rng(np.random.randint(0, 2**32, dtype=np.uint64))
+        return kci_lp_pvalue(x, y, z, rng, **(options or {}))
     from causallearn.utils.cit import CIT
 
     z = np.zeros((len(x), 0)) if z is None else z

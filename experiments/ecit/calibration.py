@@ -30,7 +30,7 @@ log = logging.getLogger(__name__)
 class Config:
     ns: list[int] = field(default_factory=lambda: [1000, 2000, 4000, 16000])
     reps: int = 40                    # null datasets and as many alternatives per n
-    base: str = "kci"                 # kci | fisherz
+    base: str = "kci"                 # kci | fisherz | kci_lp
     base_options: dict = field(default_factory=dict)  # causal-learn options of the base test
     subset_size: int = 400            # m: rows per subset (K = n // m subsets)
     combine: str = "stable"           # the headline combiner (sweep metric); all of `combiners` are reported

@@ -1,7 +1,7 @@
 """Pool sampler "cit": the base conditional independence test on subsets of one dataset (E-CIT's parallel part).
 
 config (one sampler per base test, cached by the pool worker; small and JSON-able, never data):
-    base      "kci" | "fisherz"
+    base      "kci" | "fisherz" | "kci_lp"
     options   causal-learn options of the base test (e.g. {"kernelZ": "Gaussian", "approx": true})
 data, either
     published: the (n, d) array put once by ``pool.publish(key, data)`` and named by ``imap(..., weights=key)``;
