@@ -67,13 +67,17 @@ def connect(cfg: ClusterConfig | dict | None = None) -> dict[str, Any]:
         # Inside `ray job submit` the supervisor points us at the cluster; obey it rather than start another.
         cfg.address = "auto"
     if cfg.address is None:
+        dashboard_port = cfg.dashboard_port
+        if cfg.include_dashboard:  # 8265 held by another Ray or orrery run: take a free port rather than fail
+            from cluster.ports import pick_port
+            dashboard_port = pick_port(cfg.dashboard_port, "Ray dashboard", "cluster.dashboard_port=<port>")
         kwargs: dict[str, Any] = dict(
             address="local",  # never join a stale cluster recorded in /tmp/ray/ray_current_cluster
             num_cpus=cfg.num_cpus,
             num_gpus=cfg.num_gpus,
             include_dashboard=cfg.include_dashboard,
             dashboard_host="127.0.0.1",
-            dashboard_port=cfg.dashboard_port,
+            dashboard_port=dashboard_port,
             namespace=cfg.namespace,
             runtime_env=_runtime_env(cfg),
             log_to_driver=True,

@@ -53,6 +53,10 @@ class PoolMetrics:
                                          boundaries=[0.001, 0.01, 0.05, 0.1, 0.5, 1, 5, 30, 120],
                                          tag_keys=tags + ("sampler",))
         self.tags = {"pool": pool}
+        # A counter never incremented is absent from Prometheus, so `increase(..._restarts_total[10m])` reads "no
+        # data" instead of 0. Record 0 once; Counter.inc refuses 0, the base class's _record takes it.
+        for counter in (self.retries, self.restarts):
+            counter._record(0, tags=self.tags)
         self.window = RateWindow(30.0)
         self.refresher: asyncio.Task | None = None
 

@@ -126,11 +126,15 @@ class LocalNode:
     @classmethod
     def head(cls, temp_dir: str | Path, *, num_cpus: int = 2, num_gpus: int | None = None,
              resources: dict[str, float] | None = None, token: str | None = None,
-             object_store_mb: int = 256, env: dict[str, str] | None = None, timeout_s: float = 120.0) -> "LocalNode":
-        """Start a head node with a dashboard on 127.0.0.1 and wait until its dashboard answers."""
+             object_store_mb: int = 256, env: dict[str, str] | None = None, timeout_s: float = 120.0,
+             dashboard_port: int | None = None) -> "LocalNode":
+        """Start a head node with a dashboard on 127.0.0.1 (``dashboard_port``, else a free port) and wait until its
+        dashboard answers."""
         def start() -> "LocalNode":
             names = _HEAD_PORTS + _NODE_PORTS + ("dashboard_metrics", "autoscaler_metrics")
             ports = dict(zip(names, free_ports(len(names))))
+            if dashboard_port is not None:
+                ports["dashboard"] = dashboard_port
             # The head's own metrics servers have fixed default ports (44227, 44217): give them free ones too.
             node_env_extra = {"DASHBOARD_METRIC_PORT": str(ports["dashboard_metrics"]),
                               "AUTOSCALER_METRIC_PORT": str(ports["autoscaler_metrics"]), **(env or {})}
@@ -325,53 +329,115 @@ def _signal_group(pgid: int, sig: int) -> None:
         pass
 
 
+REPO_ROOT = Path(__file__).resolve().parents[2]
+VENV_PYTHON = REPO_ROOT / ".venv" / "bin" / "python"
+_REEXEC_MARK = "ORRERY_LOCAL_REEXEC"  # set on the re-exec, so a venv without `ray` cannot loop
+
+
+def ensure_ray_cli(argv: list[str]) -> None:
+    """Nodes are started with the ``ray`` beside this interpreter. Started by a Python without one (``python3 -m
+    cluster.deploy.local`` outside the venv), run again under the repo's ``.venv/bin/python``, saying so in one line;
+    without a venv, exit with one line saying how to make one."""
+    if Path(ray_executable()).exists():
+        return
+    if VENV_PYTHON.exists() and not os.environ.get(_REEXEC_MARK):
+        print(f"no ray beside {sys.executable}; running under {VENV_PYTHON}", file=sys.stderr, flush=True)
+        os.environ[_REEXEC_MARK] = "1"
+        os.execv(str(VENV_PYTHON), [str(VENV_PYTHON), "-m", "cluster.deploy.local", *argv])
+    command = " ".join([".venv/bin/python -m cluster.deploy.local", *argv])
+    raise SystemExit(f"no ray beside {sys.executable}: run `python3 -m experiments.venv` in {REPO_ROOT}, then "
+                     f"`{command}`")
+
+
+def _raise_interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt  # `kill <pid>` stops the cluster as Ctrl-C does
+
+
+def start_lines(head: "LocalNode", token_file: Path, run_dir: Path, prometheus_url: str | None, workers: int,
+                cpus: int, gpus: int) -> list[str]:
+    """What the start prints: one labelled line per thing an operator needs, each command ready to paste."""
+    ray_cli = ".venv/bin/ray"
+    auth = f"RAY_AUTH_MODE=token RAY_AUTH_TOKEN_PATH={token_file}"
+    scale = " scale=rehearsal" if workers and gpus else ""
+    lines = [f"cluster up: 1 head + {workers} worker nodes ({cpus} CPUs, {gpus} logical GPUs each)",
+             f"  dashboard:  {head.dashboard_url}  (it asks for the token once)"]
+    if prometheus_url:
+        lines.append(f"  prometheus: {prometheus_url}/graph  (ray_orrery_learner_*, ray_orrery_pool_*)")
+    lines += [
+        f"  token:      {token_file}  (print it: RAY_AUTH_TOKEN_PATH={token_file} {ray_cli} get-auth-token; a bare "
+        f"`ray get-auth-token` prints ~/.ray/auth_token, another cluster's)",
+        f"  run dir:    {run_dir}  (node logs: {run_dir}/h/session_latest/logs)",
+        f"  shell:      export {auth} RAY_ADDRESS={head.dashboard_url}",
+        f"  job:        {auth} {ray_cli} job submit --address {head.dashboard_url} --working-dir . "
+        f"--runtime-env configs/runtime_env.yaml -- \"$PWD/.venv/bin/python\" -m experiments.run experiment=collect"
+        f"{scale} cluster=remote output_dir=$PWD/runs",
+        f"  driver:     {auth} .venv/bin/python -m experiments.run experiment=lift_pretrain env=pendulum{scale} "
+        f"cluster=remote cluster.address={head.gcs_address}",
+        f"  stop:       Ctrl-C here, or kill {os.getpid()}",
+    ]
+    return lines
+
+
 def main(argv: list[str] | None = None) -> None:
     """``python -m cluster.deploy.local``: a head and N worker nodes on this machine (token auth on), the worker nodes
     declaring logical GPUs; prints how to reach it and keeps it up until Ctrl-C. What ``scale=rehearsal`` runs on."""
     import argparse
     import secrets
     import tempfile
-    parser = argparse.ArgumentParser(description=main.__doc__)
+    argv = sys.argv[1:] if argv is None else argv
+    ensure_ray_cli(argv)
+    parser = argparse.ArgumentParser(prog="python -m cluster.deploy.local", description=main.__doc__)
     parser.add_argument("--workers", type=int, default=2, help="worker nodes besides the head")
     parser.add_argument("--head-cpus", type=int, default=1)
     parser.add_argument("--cpus", type=int, default=2, help="logical CPUs per worker node")
     parser.add_argument("--gpus", type=int, default=2, help="logical GPUs per worker node (no CUDA needed)")
+    parser.add_argument("--dashboard-port", type=int, default=8265, help="used if free, else a free port (printed)")
     parser.add_argument("--prometheus", action="store_true",
-                        help="also start Prometheus (on PATH, e.g. apt-get install prometheus) scraping every node; "
-                             "the dashboard's Metrics page then queries it")
+                        help="also start Prometheus (on PATH, e.g. apt-get install prometheus) scraping every node")
+    parser.add_argument("--prometheus-port", type=int, default=9090, help="used if free, else a free port (printed)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    from cluster.deploy.prometheus import prometheus_binary, start_prometheus
+    from cluster.ports import pick_port
+    if args.prometheus and prometheus_binary() is None:
+        raise SystemExit("--prometheus: prometheus is not on PATH (Debian/Ubuntu: apt-get install prometheus)")
     token = secrets.token_hex(32)
     temp = Path(tempfile.mkdtemp(prefix="orr-", dir="/tmp"))  # short: Ray's socket paths must fit 107 bytes
-    prometheus_port = free_port() if args.prometheus else None
-    head_env = {"RAY_PROMETHEUS_HOST": f"http://127.0.0.1:{prometheus_port}"} if prometheus_port else None
-    nodes = [LocalNode.head(temp / "h", num_cpus=args.head_cpus, token=token, env=head_env)]
+    token_file = temp / "auth_token"
+    token_file.touch(mode=0o600)
+    token_file.write_text(token)
+    dashboard_port = pick_port(args.dashboard_port, "dashboard", "--dashboard-port")
+    prometheus_port = pick_port(args.prometheus_port, "prometheus", "--prometheus-port") if args.prometheus else None
+    prometheus_url = f"http://127.0.0.1:{prometheus_port}" if prometheus_port else None
+    # The head's dashboard queries Prometheus for its charts (they also need Grafana, see README section 5).
+    head_env = {"RAY_PROMETHEUS_HOST": prometheus_url} if prometheus_url else None
+    signal.signal(signal.SIGTERM, _raise_interrupt)
+    nodes: list[LocalNode] = []
     prometheus = None
     try:
+        nodes.append(LocalNode.head(temp / "h", num_cpus=args.head_cpus, token=token, env=head_env,
+                                    dashboard_port=dashboard_port))
         for i in range(args.workers):
             nodes.append(LocalNode.worker(nodes[0], temp / f"w{i}", num_cpus=args.cpus, num_gpus=args.gpus))
         head = nodes[0]
         if prometheus_port:
-            from cluster.deploy.prometheus import start_prometheus
             prometheus = start_prometheus(head, prometheus_port)
-            print(f"Prometheus: http://127.0.0.1:{prometheus_port} (learners: ray_orrery_learner_*, pool: "
-                  f"ray_orrery_pool_*; Grafana dashboard: cluster/deploy/grafana-orrery.json)", flush=True)
-        print(f"cluster up: 1 head + {args.workers} worker nodes ({args.cpus} CPUs, {args.gpus} GPUs each)\n"
-              f"  export RAY_AUTH_MODE=token RAY_AUTH_TOKEN={token}\n"
-              f"  .venv/bin/python -m experiments.run experiment=lift_pretrain env=pendulum scale=rehearsal "
-              f"cluster=remote cluster.address={head.gcs_address}\n"
-              f"  ray job submit --address {head.dashboard_url} --working-dir . ...\n"
-              f"Ctrl-C stops every node.", flush=True)
+        print("\n".join(start_lines(head, token_file, temp, prometheus_url, args.workers, args.cpus, args.gpus)),
+              flush=True)
         while all(node.proc.poll() is None for node in nodes):
             time.sleep(1.0)
         log.error("a node exited; stopping the others (logs under %s)", temp)
     except KeyboardInterrupt:
         pass
     finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a second `kill` while stopping ends the process
         if prometheus is not None:
             prometheus.terminate()
+            prometheus.wait(timeout=30)
         for node in reversed(nodes):
             node.stop()
+        print(f"cluster stopped: {len(nodes)} node(s){' and Prometheus' if prometheus else ''} down "
+              f"(logs kept in {temp})", flush=True)
 
 
 if __name__ == "__main__":
