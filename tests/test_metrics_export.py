@@ -72,6 +72,17 @@ def _value(samples, name: str, **labels: str) -> float | None:
     return sum(found) if found else None
 
 
+def readme_metric_names(prefix: str) -> set[str]:
+    """Every full metric name starting with ``prefix`` that the README names (it spells each one out)."""
+    return set(re.findall(rf"\b{prefix}[a-z0-9_]*[a-z0-9]", (ROOT / "README.md").read_text()))
+
+
+def test_readme_names_metrics_as_prometheus_shows_them():
+    text = (ROOT / "README.md").read_text()
+    assert not re.search(r"(?<!ray_)\borrery_(pool|learner)_", text), "Prometheus names carry Ray's ray_ prefix"
+    assert {"ray_orrery_pool_retries_total", "ray_orrery_pool_restarts_total"} <= readme_metric_names("ray_orrery_pool_")
+
+
 def dashboard_learner_metrics(experiment: str) -> set[str]:
     """The learner gauges the Grafana dashboard charts for ``experiment`` (by name or by a pattern matching it)."""
     import json
@@ -191,6 +202,8 @@ def test_pool_and_learner_metrics_reach_the_prometheus_endpoint(metrics_head):
             ("ray_orrery_pool_requests_total", "pool"): 206.0,
             ("ray_orrery_pool_samples_total", "pool"): 230.0,
             ("ray_orrery_pool_weights_version", "pool"): 2.0,
+            ("ray_orrery_pool_retries_total", "pool"): 0.0,   # counters exist at 0 before anything is retried
+            ("ray_orrery_pool_restarts_total", "pool"): 0.0,
             ("ray_orrery_pool_request_seconds_count", "pool"): 206.0,
             ("ray_orrery_learner_updates_per_s", "run"): 123.5,
             ("ray_orrery_learner_episode_reward", "run"): -7.25,
@@ -206,6 +219,10 @@ def test_pool_and_learner_metrics_reach_the_prometheus_endpoint(metrics_head):
         mine = sorted((n, sorted(lab), v) for (n, lab), v in samples.items() if name in dict(lab).values())
         assert got == wanted, ({k: v for k, v in got.items() if v != wanted[k]}, mine)
         assert _value(samples, "ray_orrery_pool_queue_depth", pool=name) == 0.0
+        exported = {n for (n, lab), v in samples.items() if name in dict(lab).values()}
+        exported |= {n.removesuffix("_count") for n in exported}  # a histogram is named without its suffixes
+        missing = readme_metric_names("ray_orrery_pool_") - exported
+        assert not missing, f"README names pool metrics Ray does not export: {missing}; exported: {sorted(exported)}"
     finally:
         driver.stdin.close()
         driver.wait(timeout=60)
