@@ -21,6 +21,7 @@ import functools
 import math
 import multiprocessing as mp
 import os
+import queue as queue_module
 import random
 import socket
 import time
@@ -90,13 +91,25 @@ def run_group(backend: str, device: str, world: int, start_method: str = "spawn"
              for r in range(world)]
     for p in procs:
         p.start()
+    reports: list[tuple] = []
+    deadline = time.monotonic() + timeout_s
     try:
-        reports = [queue.get(timeout=timeout_s) for _ in procs]
+        while len(reports) < world and time.monotonic() < deadline:
+            try:
+                reports.append(queue.get(timeout=1.0))
+            except queue_module.Empty:
+                # a rank that died before reporting (killed, failed import) leaves the others waiting: stop here
+                dead = [(r, p.exitcode) for r, p in enumerate(procs) if p.exitcode not in (None, 0)]
+                if dead:
+                    reports.append((dead[0][0], None, None, [], f"rank {dead[0][0]} exited with {dead[0][1]}"))
+                    break
     finally:
+        complete = len(reports) == world and not any(r[4] for r in reports)
         for p in procs:
-            p.join(timeout=30)
+            p.join(timeout=30 if complete else 1)  # a rank whose peer failed waits in a collective forever
             if p.is_alive():
                 p.kill()
+                p.join()
     return sorted(reports)
 
 

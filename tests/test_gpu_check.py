@@ -94,13 +94,22 @@ def test_group_problem_names_what_is_wrong():
         "RuntimeError: NCCL error"
 
 
+def rank_one_dies(rank, world, backend, device, port, queue):
+    """A rank killed before it reports (an out-of-memory kill, a failed import)."""
+    if rank == 1:
+        os._exit(3)
+    gpu_rows._collective_worker(rank, world, backend, device, port, queue)
+
+
 @pytest.mark.slow
-def test_the_collectives_row_runs_separate_processes_and_fails_on_one_rank_groups(monkeypatch):
-    (row,) = gpu_rows.collectives("cpu", world=2)
-    assert row.ok and "2 distinct pids" in row.line, row
+def test_the_collectives_row_fails_on_one_rank_groups_and_on_a_dead_rank(monkeypatch):
+    """(It passes with the real worker: test_the_device_tier_rehearses_on_cpu_end_to_end.)"""
     monkeypatch.setattr(gpu_rows, "_collective_worker", one_rank_groups)  # spawn pickles it by name: this module's
     (row,) = gpu_rows.collectives("cpu", world=2)
     assert not row.ok and "want 3" in row.line, row
+    monkeypatch.setattr(gpu_rows, "_collective_worker", rank_one_dies)
+    reports = gpu_rows.run_group("gloo", "cpu", 2, timeout_s=60)  # rank 0 waits for its peer: not 60 s here
+    assert "rank 1 exited with 3" in gpu_rows.group_problem(reports, 2, mixed=False)
 
 
 @pytest.mark.slow
@@ -112,6 +121,7 @@ def test_the_device_tier_rehearses_on_cpu_end_to_end():
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("[gpu_check] ok ")]
     assert len(lines) == 5 and "all 5 rows ok" in proc.stdout
+    assert "2 distinct pids" in next(ln for ln in lines if "collectives gloo x2" in ln)
 
 
 # --------------------------------------------------------------------------------------- the Ray rows' checks
