@@ -177,14 +177,15 @@ def _policy(setup: HFSetup, device: str):
     return policy
 
 
-def _requests(policy, n: int = 4):
-    """Prompts, half of them continuations of a response with three steps already (a random model seldom samples
-    the newline that ends a step, and FCI needs steps)."""
+def _requests(policy, n: int = 4, continuations: bool = True):
+    """Prompts, with ``continuations`` half of them continuations of a response with three steps already (a random
+    model seldom samples the newline that ends a step, and FCI needs steps)."""
     from algos.attnrl.lm import GenerationRequest
     prompts = ["a=7;b=5;c=a+b;?c\n", "x=1;?x\n", "p=3;q=4;r=p*q;?r\n", "k=2;?k\n"]
     encode = policy.codec.encode
     return [GenerationRequest(tuple(encode(prompts[i % len(prompts)])),
-                              tuple(encode("c=a+b\nc=7+5\nc=12\n")) if i % 2 else ()) for i in range(n)]
+                              tuple(encode("c=a+b\nc=7+5\nc=12\n")) if continuations and i % 2 else ())
+            for i in range(n)]
 
 
 def attnrl_generate(setup: HFSetup, device: str) -> Row:
@@ -206,7 +207,9 @@ def attnrl_generate(setup: HFSetup, device: str) -> Row:
 def _sequences(policy, device: str):
     from algos.attnrl.lm import generate
     from algos.attnrl.ppo import TrainSequence
-    rollouts = generate(policy, _requests(policy), 16, 1.0, torch.Generator(device=device).manual_seed(1))
+    # fresh responses only: their sampled log-probs are the old log-probs of every response token
+    rollouts = generate(policy, _requests(policy, continuations=False), 16, 1.0,
+                        torch.Generator(device=device).manual_seed(1))
     return [TrainSequence(list(r.prompt_ids), r.response_ids, list(r.logprobs),
                           [1.0 if i % 2 == 0 else -1.0] * len(r.response_ids), float(i % 2 == 0))
             for i, r in enumerate(rollouts) if r.response_ids]
