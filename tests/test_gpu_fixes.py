@@ -182,3 +182,13 @@ def test_the_image_copies_every_file_the_venv_setup_reads():
               for src in [w for w in ln.split()[1:] if not w.startswith("--")][:-1]}
     readme = re.search(r'^readme = "(.+)"', (ROOT / "pyproject.toml").read_text(), re.M).group(1)
     assert {"pyproject.toml", readme, CONSTRAINTS.name, "experiments"} <= copied, copied
+
+
+def test_logprobs_of_no_response_token_are_zeros_in_the_graph():
+    from algos.attnrl.lm import token_logprobs
+    logits, gather_pos, targets, mask = _logprob_inputs()
+    x = logits.clone().requires_grad_(True)
+    lp, ent = token_logprobs(x, gather_pos, targets, torch.zeros_like(mask), 1.0, chunk_rows=5)
+    assert not lp.any() and not ent.any() and lp.requires_grad
+    lp.sum().backward()
+    assert not x.grad.any()

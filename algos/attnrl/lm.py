@@ -404,6 +404,8 @@ def token_logprobs(logits: torch.Tensor, gather_pos: torch.Tensor, targets: torc
             token, ent = _chunk_scores(*args)
         token_logp = token_logp.index_copy(0, part, token)
         entropy = entropy.index_copy(0, part, ent)
+    if grad and valid.numel() == 0:  # no response token: zeros that still belong to the graph, as before
+        token_logp = token_logp + flat[:0].sum()
     return token_logp.reshape(B, R), entropy.reshape(B, R)
 
 
