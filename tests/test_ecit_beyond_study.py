@@ -12,7 +12,7 @@ from benchmarks.study.core import REPORTED_SEEDS
 from benchmarks.study.ecit_beyond import (COMBINERS, M, SACHS_METHODS, STUDY, SUBTESTS, TUNED, TYPEI, null_shift,
                                           report)
 
-TINY = {"null_reps": 2, "null_m": 120, "m": 120, "typei_reps": (2, 1), "sachs_n": 300, "sachs_m": 100,
+TINY = {"null_reps": 2, "null_sim_reps": 2, "null_m": 120, "m": 120, "typei_reps": (2, 1), "sachs_n": 300, "sachs_m": 100,
         "sachs_max_k": 0, "sachs_kci_budget_s": 600.0}
 
 
@@ -41,6 +41,7 @@ def test_units_run_tiny_and_the_report_reads_their_records(tmp_path):
     assert run_unit_inline(STUDY, "design", tmp_path, overrides=TINY)["metrics"]["written"] == 1
     null = run_unit_inline(STUDY, "null-s10", tmp_path, overrides=TINY)
     assert set(null["tests"]) == {"1", "2"} and len(null["tests"]["1"]["kci_lp"]["p"]) == 2
+    assert len(null["tests"]["1"]["kci_sim"]["p"]) == 2 and not null["tests"]["2"]["kci_sim"]["p"]
     ti = run_unit_inline(STUDY, f"typei-n{min(TYPEI)}-s10", tmp_path, overrides={**TINY, "n": 360})
     assert ti["k"] == 3 and set(ti["metrics"]) == set(SUBTESTS)
     assert set(ti["metrics"]["kci_lp"]) == {*COMBINERS, "cpu_s_per_subset"}
@@ -55,6 +56,7 @@ def test_units_run_tiny_and_the_report_reads_their_records(tmp_path):
             assert rec["metrics"]["fit"] and 0 <= rec["metrics"]["f1"] <= 1 and rec["metrics"]["n"] == 300
     text = report(load_records(tmp_path / "ecit_beyond"), tmp_path / "out")
     assert text.startswith("## E-CIT beyond") and "| triplet, dz = 1 | kci_lp |" in text
+    assert "| triplet, dz = 1 | kci_sim |" in text and "| triplet, dz = 2 | kci_sim |" not in text
     assert f"| 360 | 3 | kci_lp | {TUNED} (tuned) |" in text and "### Reading" in text
 
 
