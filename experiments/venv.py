@@ -7,8 +7,9 @@ multi-GB CUDA build), and every package at the exact version of ``constraints-cp
 same environment. GPU nodes set ``ORRERY_TORCH`` to the torch requirement they want, e.g.
 ``ORRERY_TORCH="torch==2.13.0" ORRERY_TORCH_INDEX=https://download.pytorch.org/whl/cu126``; they keep every other pin
 of the constraints (only torch's own line, made for the CPU build, gives way), so GPU and CPU nodes run the same Ray,
-numpy and transformers. The environment is rebuilt only when ``pyproject.toml``, the constraints or the
-torch choice change (a stamp file records them). Packages go in with uv when uv can be installed (the same pinned
+numpy and transformers (torch's index installs torch and what it needs; the package step then applies the pins).
+The environment is rebuilt only when ``pyproject.toml``, the constraints or the torch choice change (a stamp file
+records them). Packages go in with uv when uv can be installed (the same pinned
 versions from the same sources pip is configured with, ~30 s instead of ~90 s on a 2-core machine), else with pip.
 """
 from __future__ import annotations
@@ -117,7 +118,9 @@ def ensure_venv() -> Path:
         venv.EnvBuilder(with_pip=True).create(VENV)
     pinned = ["-c", str(_constraints_file(torch_req, index))]
     install = _installer()
-    install(*pinned, torch_req, *(["--index-url", index] if index else []))
+    # A torch index (ORRERY_TORCH_INDEX) replaces PyPI for this one step and hosts torch's dependencies at its own
+    # versions only: there torch comes unpinned with them, and the next step moves them to the pins from PyPI.
+    install(*(pinned if not index else []), torch_req, *(["--index-url", index] if index else []))
     install(*pinned, "-e", ".[test,bench]")
     # molsets pins ancient dependencies; it only ships the MOSES SMILES we read, so install it without them.
     install(*pinned, "--no-deps", "molsets==0.3.1")
