@@ -12,6 +12,8 @@ Only torch, transformers and tokenizers are imported (a lent GPU machine has the
   must be fp32 masters and (nearly) all must move.
 - ``logprob_memory``: the largest temporary allocated while scoring sequences at the real vocabulary is bounded by
   ``LOGPROB_CHUNK_ROWS x vocab`` fp32 (on CUDA, also the peak allocation beyond the logits).
+- ``vidd_stage0_and_sampler``: VIDD's stage 0 (MDLM pretraining) and its ancestral sampler on the device, the
+  generator on the CPU as VIDD keeps it.
 - ``resume_to_cpu``: the AttnRL learner's checkpoint (weights and Adam moments, as ``Learner.state`` writes it) saved
   from the device, read on the CPU the way ``experiments.attnrl.ranks.saved_state`` reads it, and trained on there.
 """
@@ -337,6 +339,43 @@ def logprob_memory(setup: HFSetup, device: str, sequences: int = 8, length: int 
     return _row("attnrl log-prob temporaries", check)
 
 
+# ----------------------------------------------------------------------------------------------------- VIDD
+
+def _chain_data(n: int, length: int, vocab: int, seed: int = 0) -> torch.Tensor:
+    """Token sequences that mostly count up by one (mod ``vocab``): a law a denoiser learns in a few steps."""
+    g = torch.Generator().manual_seed(seed)
+    start = torch.randint(0, vocab, (n, 1), generator=g)
+    steps = 1 + (torch.rand(n, length, generator=g) < 0.1).long()
+    return (start + steps.cumsum(1) - steps[:, :1]) % vocab
+
+
+def vidd_stage0_and_sampler(device: str, steps: int = 200, vocab: int = 32, length: int = 32, samples: int = 256,
+                            d_model: int = 64, bf16: bool | str = "auto") -> Row:
+    """VIDD's stage 0 (MDLM pretraining, ``algos.vidd.mdlm.pretrain``) with the model on the device and the
+    generator on the CPU, as ``experiments/vidd/data.py`` runs it, then the ancestral sampler there."""
+    def check():
+        from algos.vidd.mdlm import DenoiserConfig, MaskedDenoiser, PretrainConfig, pretrain
+        from algos.vidd.sampling import sample
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(0)
+            model = MaskedDenoiser(DenoiserConfig(vocab_size=vocab, seq_len=length, d_model=d_model, n_layers=2,
+                                                  n_heads=4, bf16=bf16)).to(device)
+        losses: list[float] = []
+        pretrain(model, _chain_data(2048, length, vocab), PretrainConfig(steps=steps, batch_size=64, lr=3e-3,
+                                                                         log_every=max(1, steps // 4)),
+                 torch.Generator().manual_seed(0), log_fn=lambda step, m: losses.append(m["pretrain/nelbo_per_token"]))
+        start = time.perf_counter()
+        out = sample(model, samples, length, 32, torch.Generator().manual_seed(1)).tokens
+        rate = out.shape[0] / (time.perf_counter() - start)
+        on_device = all(p.device.type == torch.device(device).type for p in model.parameters())
+        counting = float(((out[:, 1:] - out[:, :-1]) % vocab == 1).float().mean())
+        ok = on_device and losses[-1] < losses[0] and bool((out < vocab).all())
+        return ok, (f"model on {device} {on_device}; NELBO/token {losses[0]:.2f} -> {losses[-1]:.2f} in {steps} "
+                    f"steps; {samples} samples ({rate:.0f}/s), {counting:.0%} of steps count up (chance "
+                    f"{1 / vocab:.0%}), no mask left {bool((out < vocab).all())}")
+    return _row("vidd stage 0 + sampler", check)
+
+
 def run(device: str, workdir: Path, world: int = 2) -> list[Row]:
     """Every row, in order, each printed as it ends."""
     rows: list[Row] = []
@@ -351,4 +390,7 @@ def run(device: str, workdir: Path, world: int = 2) -> list[Row]:
     emit(attnrl_update(setup, device, workdir))
     emit([logprob_memory(setup, device, **({} if device.startswith("cuda") else
                                            {"sequences": 4, "length": 24, "chunk_rows": 16}))])
+    emit([vidd_stage0_and_sampler(device, **({"steps": 300} if device.startswith("cuda") else
+                                             {"steps": 30, "vocab": 16, "length": 16, "samples": 32, "d_model": 32,
+                                              "bf16": False}))])  # a rehearsal: the same numbers on every CPU
     return rows
