@@ -27,7 +27,9 @@ What the pool guarantees (the README's pool section says the same):
 - Small requests travel in batches (``pool.batch_target_s``), so a map of many ms-long requests pays Ray's per-call
   cost once per batch; a batch's results arrive together.
 - Results and weights never pass through the manager: results go from the worker to the driver by ObjectRef, and
-  weights are put once by the publisher, which owns them (they live as long as the publishing process).
+  weights are put once by the publisher, which owns them (they live as long as the publishing process). The manager
+  owns each result (it made the worker call) and holds it until the client has fetched it, so no client's or job's
+  exit can free what another job is about to fetch.
 - Clients take turns for free workers, so a driver with a long queue does not starve a small one.
 What it does not: persist anything. A restarted manager starts a new incarnation, re-attaches the workers and learns
 samplers and weights again from its clients (each client re-registers and re-publishes what it knows).
@@ -59,6 +61,7 @@ HEAD_NODE_RESOURCE = "node:__internal_head__"  # every Ray head node has 1 of it
 _MANAGER_GONE = (RayActorError, ObjectLostError)  # the manager died or restarted: its streams and result refs are lost
 CHUNK_BYTES = 1 << 20  # requests are put in chunks of about this size (a bigger request is a chunk of its own)
 INLINE_BYTES = 64 << 10  # a chunk this small travels as bytes in the call, not through the object store
+ACK_EVERY = 4  # a map's items acknowledged to the manager in one call (the manager holds results until then)
 
 
 def payload_bytes(request: Any) -> int:
@@ -117,6 +120,7 @@ class SharedPool:
         # stream (at-least-once execution: the manager may have run a re-sent request already, so its request count
         # can exceed the requests asked for by at most "resent")
         self.counts = {"recoveries": 0, "resent": 0}
+        self.told: list[ray.ObjectRef] = []  # acknowledgements sent, not yet answered
 
     @classmethod
     def attach(cls, cfg: PoolConfig | dict | None = None, *, create: bool = True, scope: str | None = None,
@@ -208,6 +212,16 @@ class SharedPool:
             except ray.exceptions.RayTaskError as err:
                 raise (err.cause if isinstance(err.cause, Exception) else err) from None
 
+    def _tell(self, method: Any, *args: Any) -> None:
+        """A call whose answer nobody waits for (acknowledgements): its ref is kept until it is done, so that a
+        manager that died meanwhile is not reported as an unhandled error."""
+        if len(self.told) > 64:
+            done, self.told = ray.wait(self.told, num_returns=len(self.told), timeout=0)
+        try:
+            self.told.append(method.remote(*args))
+        except Exception as err:  # noqa: BLE001 - the manager is gone: it holds nothing for us any more
+            log.debug("pool %r: could not reach the manager: %r", self.name, err)
+
     # -- requests --------------------------------------------------------------------------------------------------
     def imap(self, sampler: str, requests: Sequence[dict], *, config: dict | None = None,
              weights: str | None = None, affinity: Sequence[int] | None = None,
@@ -225,19 +239,29 @@ class SharedPool:
         recoveries = 0
         while pending:
             order = sorted(pending)
-            stream = None
+            stream = map_id = None
             try:
                 chunks, bounds = put_requests([pending[i] for i in order], self.cfg.max_request_bytes,
                                               self.cfg.max_batch)
                 alive = ray.put(None)  # owned here: freed when this driver exits, which tells the manager
+                map_id = uuid.uuid4().hex
                 stream = self.manager.run.options(num_returns="streaming").remote(
                     sampler, digest, config, chunks, bounds, weights,
-                    None if affinity is None else [affinity[i] for i in order], self.client_id, self.scope, [alive])
+                    None if affinity is None else [affinity[i] for i in order], self.client_id, self.scope, [alive],
+                    map_id)
                 if _streams is not None:
                     _streams.add(stream)  # PendingMap.cancel reaches it there
+                acks: list[int] = []
                 for ref in stream:
-                    batch, results_ref = ray.get(ref)  # one worker call: several small requests, or one
-                    for j, result in zip(batch, ray.get(results_ref)):
+                    # one worker call: several small requests, or one. The manager owns the results and holds them
+                    # until acknowledged, so they cannot be freed before this fetch (ray-project/ray#58080)
+                    item, batch, results_ref = ray.get(ref)
+                    results = ray.get(results_ref)
+                    acks.append(item)
+                    if len(acks) >= ACK_EVERY:
+                        self._tell(self.manager.ack, map_id, acks)
+                        acks = []
+                    for j, result in zip(batch, results):
                         i = order[j]
                         del pending[i]
                         yield i, result
@@ -265,6 +289,9 @@ class SharedPool:
             finally:
                 if stream is not None:  # abandoned (consumer stopped, error) or about to be re-sent: stop it
                     _cancel(stream)
+                if map_id is not None:  # every result fetched, or none will be: the manager may let them go
+                    self._tell(self.manager.forget, map_id)
+                    map_id = None
 
     def map(self, sampler: str, requests: Sequence[dict], **kwargs: Any) -> list[Any]:
         """Like :meth:`imap` but returns results in request order."""

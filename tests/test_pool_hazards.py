@@ -13,7 +13,7 @@ import ray
 
 from cluster.pool import RequestTimeout, SamplerError, SharedPool
 from cluster.pool_config import PoolConfig
-from cluster.pool_manager import Slots
+from cluster.pool_slots import Slots
 from cluster.pool_worker import config_digest
 from tests.helpers import wait_until
 
