@@ -143,3 +143,12 @@ def test_require_same_inputs_fails_with_one_line_naming_the_nodes(ray_cluster, t
         storage.require_same_inputs([model], min_nodes=1)
     message = str(err.value)
     assert "\n" not in message and "is not the same on every node" in message
+
+
+def test_runs_and_sweeps_check_their_inputs_before_any_learner_starts():
+    """experiments.run and experiments.sweep call the input check right after the output-directory check."""
+    import inspect
+
+    from experiments import run, sweep
+    for source in (inspect.getsource(run.prepare), inspect.getsource(sweep)):
+        assert "require_same_inputs(input_paths(cfg[\"experiment\"]))" in source
