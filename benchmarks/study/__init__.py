@@ -16,4 +16,5 @@ STUDIES: dict[str, str] = {
     "attnrl": "benchmarks.study.attnrl:STUDY",
     "attnrl_units": "benchmarks.study.attnrl_units:STUDY",
     "ecit": "benchmarks.study.ecit:STUDY",
+    "ecit_beyond": "benchmarks.study.ecit_beyond:STUDY",
 }
