@@ -232,6 +232,9 @@ class PoolManager(Dispatch):
                 self._hold(map_id, item_number, item[1])
                 yield item_number, *item
                 item_number += 1
+        except (GeneratorExit, asyncio.CancelledError):
+            self.held.pop(map_id, None)  # the client stopped reading (it cancelled the stream): it fetches no more
+            raise
         finally:
             if remaining:
                 self.counts["cancelled"] += m.queued()
