@@ -71,6 +71,9 @@ def connect(cfg: ClusterConfig | dict | None = None) -> dict[str, Any]:
         if cfg.include_dashboard:  # 8265 held by another Ray or orrery run: take a free port rather than fail
             from cluster.ports import pick_port
             dashboard_port = pick_port(cfg.dashboard_port, "Ray dashboard", "cluster.dashboard_port=<port>")
+            # Inherited by the cluster's processes: Ray's state-API clients there (Ray Train's PlacementGroupCleaner)
+            # would otherwise fail with `Found multiple active Ray instances` beside another Ray on the machine.
+            os.environ["RAY_API_SERVER_ADDRESS"] = f"http://127.0.0.1:{dashboard_port}"
         kwargs: dict[str, Any] = dict(
             address="local",  # never join a stale cluster recorded in /tmp/ray/ray_current_cluster
             num_cpus=cfg.num_cpus,

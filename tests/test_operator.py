@@ -190,6 +190,12 @@ def test_local_cluster_prints_labelled_lines_a_token_that_works_and_a_stop_line(
             status, body = _get(prom + "/api/v1/query?query=ray_orrery_learner_env_steps")
             assert status == 200 and json.loads(body)["status"] == "success"
         run_dir = Path(label["run dir"].split()[0])
+        # Ray's state-API clients inside the cluster (Ray Train's PlacementGroupCleaner) are pointed at this
+        # dashboard, not at whichever Ray they find on the machine ("Found multiple active Ray instances").
+        raylets = [pid for pid in processes_using(run_dir / "h") if b"raylet" in Path(f"/proc/{pid}/cmdline")
+                   .read_bytes().split(b"\0")[0]]
+        assert raylets and all(f"RAY_API_SERVER_ADDRESS={dashboard}".encode() in
+                               Path(f"/proc/{pid}/environ").read_bytes().split(b"\0") for pid in raylets)
         proc.send_signal(signal.SIGTERM)  # what the stop line's `kill <pid>` does
         assert proc.wait(timeout=120) == 0, "\n".join(lines)[-4000:]
         reader.join(timeout=30)

@@ -136,8 +136,12 @@ class LocalNode:
             if dashboard_port is not None:
                 ports["dashboard"] = dashboard_port
             # The head's own metrics servers have fixed default ports (44227, 44217): give them free ones too.
+            # RAY_API_SERVER_ADDRESS: Ray's own state-API clients inside the cluster (Ray Train's
+            # PlacementGroupCleaner) otherwise look for "the" local Ray and fail with `Found multiple active Ray
+            # instances` when another cluster runs on the machine. Nodes that join inherit it (extra_env).
             node_env_extra = {"DASHBOARD_METRIC_PORT": str(ports["dashboard_metrics"]),
-                              "AUTOSCALER_METRIC_PORT": str(ports["autoscaler_metrics"]), **(env or {})}
+                              "AUTOSCALER_METRIC_PORT": str(ports["autoscaler_metrics"]),
+                              "RAY_API_SERVER_ADDRESS": f"http://127.0.0.1:{ports['dashboard']}", **(env or {})}
             args = ["--head", f"--port={ports['gcs']}", "--include-dashboard=true", "--dashboard-host=127.0.0.1",
                     f"--dashboard-port={ports['dashboard']}", f"--ray-client-server-port={ports['ray_client_server']}"]
             node = cls._start(temp_dir, args, ports, f"127.0.0.1:{ports['gcs']}", num_cpus, num_gpus, resources,
@@ -359,7 +363,8 @@ def start_lines(head: "LocalNode", token_file: Path, run_dir: Path, prometheus_u
     ray_cli = ".venv/bin/ray"
     auth = f"RAY_AUTH_MODE=token RAY_AUTH_TOKEN_PATH={token_file}"
     scale = " scale=rehearsal" if workers and gpus else ""
-    lines = [f"cluster up: 1 head + {workers} worker nodes ({cpus} CPUs, {gpus} logical GPUs each)",
+    nodes = f" + {workers} worker nodes ({cpus} CPUs, {gpus} logical GPUs each)" if workers else " node"
+    lines = [f"cluster up: 1 head{nodes}",
              f"  dashboard:  {head.dashboard_url}  (it asks for the token once)"]
     if prometheus_url:
         lines.append(f"  prometheus: {prometheus_url}/graph  (ray_orrery_learner_*, ray_orrery_pool_*)")
@@ -367,7 +372,7 @@ def start_lines(head: "LocalNode", token_file: Path, run_dir: Path, prometheus_u
         f"  token:      {token_file}  (print it: RAY_AUTH_TOKEN_PATH={token_file} {ray_cli} get-auth-token; a bare "
         f"`ray get-auth-token` prints ~/.ray/auth_token, another cluster's)",
         f"  run dir:    {run_dir}  (node logs: {run_dir}/h/session_latest/logs)",
-        f"  shell:      export {auth} RAY_ADDRESS={head.dashboard_url}",
+        f"  shell:      export {auth}",
         f"  job:        {auth} {ray_cli} job submit --address {head.dashboard_url} --working-dir . "
         f"--runtime-env configs/runtime_env.yaml -- \"$PWD/.venv/bin/python\" -m experiments.run experiment=collect"
         f"{scale} cluster=remote output_dir=$PWD/runs",
@@ -388,7 +393,9 @@ def main(argv: list[str] | None = None) -> None:
     ensure_ray_cli(argv)
     parser = argparse.ArgumentParser(prog="python -m cluster.deploy.local", description=main.__doc__)
     parser.add_argument("--workers", type=int, default=2, help="worker nodes besides the head")
-    parser.add_argument("--head-cpus", type=int, default=1)
+    parser.add_argument("--head-cpus", type=int, default=None,
+                        help="logical CPUs of the head (default: 1 beside worker nodes, else 2: a learner and the "
+                             "pool's two workers must fit on it)")
     parser.add_argument("--cpus", type=int, default=2, help="logical CPUs per worker node")
     parser.add_argument("--gpus", type=int, default=2, help="logical GPUs per worker node (no CUDA needed)")
     parser.add_argument("--dashboard-port", type=int, default=8265, help="used if free, else a free port (printed)")
@@ -396,6 +403,8 @@ def main(argv: list[str] | None = None) -> None:
                         help="also start Prometheus (on PATH, e.g. apt-get install prometheus) scraping every node")
     parser.add_argument("--prometheus-port", type=int, default=9090, help="used if free, else a free port (printed)")
     args = parser.parse_args(argv)
+    if args.head_cpus is None:
+        args.head_cpus = 1 if args.workers else 2
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     from cluster.deploy.prometheus import prometheus_binary, start_prometheus
     from cluster.ports import pick_port
