@@ -80,7 +80,8 @@ def readme_metric_names(prefix: str) -> set[str]:
 def test_readme_names_metrics_as_prometheus_shows_them():
     text = (ROOT / "README.md").read_text()
     assert not re.search(r"(?<!ray_)\borrery_(pool|learner)_", text), "Prometheus names carry Ray's ray_ prefix"
-    assert {"ray_orrery_pool_retries_total", "ray_orrery_pool_restarts_total"} <= readme_metric_names("ray_orrery_pool_")
+    named = readme_metric_names("ray_orrery_pool_")
+    assert {"ray_orrery_pool_retries_total", "ray_orrery_pool_restarts_total"} <= named, named
 
 
 def dashboard_learner_metrics(experiment: str) -> set[str]:
