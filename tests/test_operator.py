@@ -89,6 +89,16 @@ def test_local_cluster_without_a_venv_says_how_to_make_one(tmp_path, monkeypatch
     assert message.endswith("`.venv/bin/python -m cluster.deploy.local --prometheus`"), message
 
 
+def test_prometheus_asked_for_but_absent_is_one_line_before_anything_starts(monkeypatch):
+    import cluster.deploy.prometheus as prometheus
+    monkeypatch.setattr(prometheus, "prometheus_binary", lambda: None)
+    monkeypatch.setattr(local.LocalNode, "head", classmethod(lambda *a, **k: pytest.fail("a node was started")))
+    with pytest.raises(SystemExit) as exit_info:
+        local.main(["--workers", "0", "--prometheus"])
+    assert str(exit_info.value) == ("--prometheus: prometheus is not on PATH "
+                                    "(Debian/Ubuntu: apt-get install prometheus)")
+
+
 @pytest.fixture
 def short_tmp():
     """A short /tmp dir (Ray's socket paths must fit 107 bytes), removed after the test with any process naming it."""

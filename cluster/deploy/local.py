@@ -357,14 +357,14 @@ def _raise_interrupt(signum: int, frame: Any) -> None:
     raise KeyboardInterrupt  # `kill <pid>` stops the cluster as Ctrl-C does
 
 
-def start_lines(head: "LocalNode", token_file: Path, run_dir: Path, prometheus_url: str | None, workers: int,
-                cpus: int, gpus: int) -> list[str]:
+def start_lines(head: "LocalNode", token_file: Path, run_dir: Path, prometheus_url: str | None, head_cpus: int,
+                workers: int, cpus: int, gpus: int) -> list[str]:
     """What the start prints: one labelled line per thing an operator needs, each command ready to paste."""
     ray_cli = ".venv/bin/ray"
     auth = f"RAY_AUTH_MODE=token RAY_AUTH_TOKEN_PATH={token_file}"
     scale = " scale=rehearsal" if workers and gpus else ""
-    nodes = f" + {workers} worker nodes ({cpus} CPUs, {gpus} logical GPUs each)" if workers else " node"
-    lines = [f"cluster up: 1 head{nodes}",
+    nodes = f" + {workers} worker nodes ({cpus} CPUs, {gpus} logical GPUs each)" if workers else ""
+    lines = [f"cluster up: 1 head ({head_cpus} CPUs){nodes}",
              f"  dashboard:  {head.dashboard_url}  (it asks for the token once)"]
     if prometheus_url:
         lines.append(f"  prometheus: {prometheus_url}/graph  (ray_orrery_learner_*, ray_orrery_pool_*)")
@@ -431,7 +431,8 @@ def main(argv: list[str] | None = None) -> None:
         head = nodes[0]
         if prometheus_port:
             prometheus = start_prometheus(head, prometheus_port)
-        print("\n".join(start_lines(head, token_file, temp, prometheus_url, args.workers, args.cpus, args.gpus)),
+        print("\n".join(start_lines(head, token_file, temp, prometheus_url, args.head_cpus, args.workers, args.cpus,
+                                    args.gpus)),
               flush=True)
         while all(node.proc.poll() is None for node in nodes):
             time.sleep(1.0)
