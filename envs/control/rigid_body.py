@@ -1,0 +1,408 @@
+"""MuJoCo's joint-space dynamics terms for a batch of states, in torch: M(q), qfrc_bias, qfrc_passive, qfrc_actuator.
+
+Built once from an ``mjModel`` (body tree, joint types and axes, inertias, armature, damping, stiffness/springref,
+gear), then evaluated for a batch of (qpos, qvel, ctrl) on the states' own device and dtype, differentiably, with no
+Python loop over states (only over the few bodies of the tree, in forward kinematics).
+
+Why hand-written (issue 41): ``mujoco-torch`` (a PyTorch port of MJX) does not import with the installed MuJoCo 4.0,
+and ``mujoco-warp`` runs on Warp's CPU device in float32 only, so it cannot meet the 1e-6 float64 equality with
+MuJoCo. What is left are two textbook algorithms (Featherstone, *Rigid Body Dynamics Algorithms*, 2008):
+
+- **CRBA** (composite rigid bodies, ch. 6.2) for M: every body's spatial inertia is expressed about one common point
+  (the world origin, world axes), so composite inertias are plain subtree sums (one matmul with a subtree matrix), and
+  ``M[i, j] = s_j · (I^c_{body(i)} s_i)`` for dof j on the path from the root to dof i; plus ``dof_armature`` on the
+  diagonal (as ``mj_crb`` adds it).
+- **RNEA** (recursive Newton-Euler, ch. 5.3) with q̈ = 0 for ``qfrc_bias``: the root accelerates by −g (MuJoCo's
+  ``cacc[0] = -gravity``), a_b = a_parent + Σ ṡ_k q̇_k, f_b = I_b a_b + v_b ×* I_b v_b, and bias_i = s_i · Σ_subtree f.
+
+MuJoCo's conventions, matched here (``mj_kinematics``, ``mj_comPos``, ``mj_comVel``, ``mj_passive``,
+``mj_fwdActuation`` in MuJoCo's engine_core_smooth.c / engine_passive.c / engine_forward.c):
+
+- joints of a body act in order; a joint's axis and anchor are taken in the frame left by the joints before it;
+- free joint: qpos = (world position, wxyz quaternion), qvel = (world linear velocity, angular velocity in the body
+  frame); ball joint: angular velocity in the body frame. Their rotational dof axes are the body's final frame axes;
+- ṡ_k = v_k × s_k with v_k the body velocity accumulated up to (not including) dof k's joint, except the free joint's
+  translational dofs, whose axes are fixed in the world (ṡ = 0);
+- passive: −damping·q̇, stiffness·(springref − q) on hinge/slide, stiffness·log(q⁻¹ q_spring) on ball/free rotation;
+- actuators with joint transmission on hinge/slide, fixed gain and none/affine bias, no activation dynamics; ctrl and
+  force clamped as ``ctrllimited``/``forcelimited`` say.
+
+Anything outside that (tendon springs or dampers, fluid forces, gravity compensation, other actuator kinds) raises
+at construction rather than giving a silently different prior.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import mujoco
+import numpy as np
+import torch
+
+Tensor = torch.Tensor
+
+_FREE, _BALL = int(mujoco.mjtJoint.mjJNT_FREE), int(mujoco.mjtJoint.mjJNT_BALL)
+_SLIDE, _HINGE = int(mujoco.mjtJoint.mjJNT_SLIDE), int(mujoco.mjtJoint.mjJNT_HINGE)
+
+
+# ---------------------------------------------------------------------------------------------- small batched algebra
+
+def _cross(a: Tensor, b: Tensor) -> Tensor:
+    """Cross product over the last axis without torch.cross's broadcasting checks (cheaper on small tensors)."""
+    a0, a1, a2 = a.unbind(-1)
+    b0, b1, b2 = b.unbind(-1)
+    return torch.stack((a1 * b2 - a2 * b1, a2 * b0 - a0 * b2, a0 * b1 - a1 * b0), -1)
+
+
+def _quat_to_mat(q: Tensor) -> Tensor:
+    """Rotation matrix of unit wxyz quaternions (..., 4) -> (..., 3, 3) (MuJoCo's ``mju_quat2Mat``)."""
+    w, x, y, z = q.unbind(-1)
+    rows = (1 - 2 * (y * y + z * z), 2 * (x * y - w * z), 2 * (x * z + w * y),
+            2 * (x * y + w * z), 1 - 2 * (x * x + z * z), 2 * (y * z - w * x),
+            2 * (x * z - w * y), 2 * (y * z + w * x), 1 - 2 * (x * x + y * y))
+    return torch.stack(rows, -1).reshape(*q.shape[:-1], 3, 3)
+
+
+def _axis_angle_mat(axis: Tensor, angle: Tensor) -> Tensor:
+    """Rotation by ``angle`` (B,) about the unit ``axis`` (3,) (Rodrigues), (B, 3, 3)."""
+    k = axis.new_zeros(3, 3)
+    k[0, 1], k[0, 2], k[1, 0], k[1, 2], k[2, 0], k[2, 1] = -axis[2], axis[1], axis[2], -axis[0], -axis[1], axis[0]
+    s, c = torch.sin(angle)[:, None, None], torch.cos(angle)[:, None, None]
+    return torch.eye(3, dtype=axis.dtype, device=axis.device) + s * k + (1 - c) * (k @ k)
+
+
+def _quat_log(q: Tensor) -> Tensor:
+    """Rotation vector of unit wxyz quaternions (MuJoCo's ``mju_quat2Vel`` with dt = 1), angle wrapped to (−π, π]."""
+    w, v = q[..., 0], q[..., 1:]
+    sin_half = torch.linalg.vector_norm(v, dim=-1)
+    angle = 2 * torch.atan2(sin_half, w)
+    angle = torch.where(angle > torch.pi, angle - 2 * torch.pi, angle)
+    # angle / sin_half -> 2 / w as the rotation vanishes; the where keeps gradients finite there
+    safe = torch.where(sin_half > 1e-12, sin_half, torch.ones_like(sin_half))
+    scale = torch.where(sin_half > 1e-12, angle / safe, 2 / w)
+    return v * scale[..., None]
+
+
+def _quat_mul(a: Tensor, b: Tensor) -> Tensor:
+    aw, ax, ay, az = a.unbind(-1)
+    bw, bx, by, bz = b.unbind(-1)
+    return torch.stack((aw * bw - ax * bx - ay * by - az * bz, aw * bx + ax * bw + ay * bz - az * by,
+                        aw * by - ax * bz + ay * bw + az * bx, aw * bz + ax * by - ay * bx + az * bw), -1)
+
+
+def _cross_motion(v: Tensor, m: Tensor) -> Tensor:
+    """Spatial motion cross product v × m, vectors (angular; linear at the common point)."""
+    return torch.cat((_cross(v[..., :3], m[..., :3]), _cross(v[..., :3], m[..., 3:]) + _cross(v[..., 3:], m[..., :3])),
+                     -1)
+
+
+def _cross_force(v: Tensor, f: Tensor) -> Tensor:
+    """Spatial force cross product v ×* f (moment; force)."""
+    return torch.cat((_cross(v[..., :3], f[..., :3]) + _cross(v[..., 3:], f[..., 3:]), _cross(v[..., :3], f[..., 3:])),
+                     -1)
+
+
+# ---------------------------------------------------------------------------------------------- the model
+
+@dataclass(frozen=True)
+class _Joint:
+    kind: int
+    qadr: int
+    vadr: int
+    axis: np.ndarray
+    pos: np.ndarray
+
+
+class RigidBodyDynamics:
+    """MuJoCo's M, qfrc_bias, qfrc_passive and qfrc_actuator for batches of states, from a fixed ``mjModel``.
+
+    Model constants are cached per (device, dtype) on first use; call ``terms`` with tensors of shape (B, nq), (B, nv),
+    (B, nu). Gradients flow to qpos, qvel and ctrl.
+    """
+
+    def __init__(self, model: mujoco.MjModel) -> None:
+        self._check_supported(model)
+        self.nq, self.nv, self.nu = int(model.nq), int(model.nv), int(model.nu)
+        nbody = int(model.nbody) - 1  # world (body 0) carries no dofs or mass
+        self.nbody = nbody
+        self.parent = [int(p) - 1 for p in model.body_parentid[1:]]  # -1: world
+        self.joints: list[list[_Joint]] = []
+        for b in range(1, nbody + 1):
+            adr, num = int(model.body_jntadr[b]), int(model.body_jntnum[b])
+            self.joints.append([_Joint(int(model.jnt_type[j]), int(model.jnt_qposadr[j]), int(model.jnt_dofadr[j]),
+                                       model.jnt_axis[j].copy(), model.jnt_pos[j].copy())
+                                for j in range(adr, adr + num)])
+        self.dof_body = np.asarray(model.dof_bodyid, dtype=np.int64) - 1
+        # ancestor-or-self relation of bodies, and of dofs to bodies (which dofs move body b)
+        anc = np.zeros((nbody, nbody))
+        for b in range(nbody):
+            a = b
+            while a >= 0:
+                anc[b, a] = 1.0
+                a = self.parent[a]
+        self._anc = anc
+        self._subtree = anc.T.copy()  # subtree[c, b] = 1 if b is in c's subtree
+        dof_moves = anc[:, self.dof_body]  # (nbody, nv): dof k moves body b
+        dof_anc = anc[self.dof_body][:, self.dof_body]  # (nv, nv): body(j) ancestor-or-self of body(i)
+        same = (self.dof_body[:, None] == self.dof_body[None, :]).astype(float)
+        # the body velocity a dof's ṡ sees: its parent body's plus the earlier joints' of its own body
+        earlier = np.zeros((self.nv, self.nv))
+        free_translation = np.zeros(self.nv)
+        for joints in self.joints:
+            seen: list[int] = []
+            for joint in joints:
+                width = {_FREE: 6, _BALL: 3}.get(joint.kind, 1)
+                dofs = list(range(joint.vadr, joint.vadr + width))
+                if joint.kind == _FREE:
+                    free_translation[dofs[:3]] = 1.0
+                    for i in dofs[3:]:
+                        earlier[i, seen + dofs[:3]] = 1.0
+                else:
+                    for i in dofs:
+                        earlier[i, seen] = 1.0
+                seen += dofs
+        parent_of_dof = np.asarray([self.parent[b] for b in self.dof_body], dtype=np.int64)
+        parent_moves = np.zeros((self.nv, self.nv))  # dof k moves the parent body of dof i
+        for i, p in enumerate(parent_of_dof):
+            if p >= 0:
+                parent_moves[i] = dof_moves[p]
+        self._numpy = dict(
+            body_pos=model.body_pos[1:], body_rot=np.stack([_np_quat_to_mat(q) for q in model.body_quat[1:]]),
+            body_ipos=model.body_ipos[1:], body_irot=np.stack([_np_quat_to_mat(q) for q in model.body_iquat[1:]]),
+            mass=model.body_mass[1:], inertia=model.body_inertia[1:],
+            subtree=self._subtree, dof_moves=dof_moves, pre=parent_moves + earlier,
+            keep_dot=1.0 - free_translation,
+            lower=dof_anc, lower_t=dof_anc.T.copy(), same=same, armature=model.dof_armature.copy(),
+            damping=model.dof_damping.copy(), gravity=np.concatenate([np.zeros(3), -model.opt.gravity]),
+            qpos0=model.qpos0.copy(), qpos_spring=model.qpos_spring.copy(),
+        )
+        self.dof_body_index = self.dof_body
+        self._springs = self._spring_layout(model)
+        self._actuators = self._actuator_layout(model)
+        self._cache: dict[tuple[torch.device, torch.dtype], dict[str, Tensor]] = {}
+
+    # ----------------------------------------------------------------------------------------- construction
+
+    @staticmethod
+    def _check_supported(model: mujoco.MjModel) -> None:
+        problems = []
+        if model.ntendon and (np.any(model.tendon_stiffness) or np.any(model.tendon_damping)):
+            problems.append("tendon stiffness/damping")
+        if model.opt.density or model.opt.viscosity:
+            problems.append("fluid forces (density/viscosity)")
+        if np.any(model.body_gravcomp):
+            problems.append("gravity compensation")
+        if np.any(model.body_mocapid[1:] >= 0):
+            problems.append("mocap bodies")
+        if np.any(model.jnt_actfrclimited):
+            problems.append("joint actuator force limits")
+        for b in range(1, model.nbody):
+            jnt = range(model.body_jntadr[b], model.body_jntadr[b] + model.body_jntnum[b])
+            if any(model.jnt_type[j] == _FREE for j in jnt) and (model.body_parentid[b] != 0 or len(jnt) > 1):
+                problems.append("free joint not alone in a child of the world")
+        for a in range(model.nu):
+            if int(model.actuator_trntype[a]) != int(mujoco.mjtTrn.mjTRN_JOINT):
+                problems.append(f"actuator {a}: transmission other than a joint")
+            elif model.jnt_type[model.actuator_trnid[a, 0]] not in (_HINGE, _SLIDE):
+                problems.append(f"actuator {a}: on a free or ball joint")
+            if int(model.actuator_dyntype[a]) != int(mujoco.mjtDyn.mjDYN_NONE):
+                problems.append(f"actuator {a}: activation dynamics")
+            if int(model.actuator_gaintype[a]) != int(mujoco.mjtGain.mjGAIN_FIXED):
+                problems.append(f"actuator {a}: gain other than fixed")
+            if int(model.actuator_biastype[a]) not in (int(mujoco.mjtBias.mjBIAS_NONE), int(mujoco.mjtBias.mjBIAS_AFFINE)):
+                problems.append(f"actuator {a}: bias other than none/affine")
+        if problems:
+            raise NotImplementedError("RigidBodyDynamics does not model: " + ", ".join(sorted(set(problems))))
+
+    def _spring_layout(self, model: mujoco.MjModel) -> dict[str, np.ndarray]:
+        """Which qpos/qvel carry linear springs (hinge, slide, free translation) and which quaternion springs."""
+        disabled = int(model.opt.disableflags)
+        bits = mujoco.mjtDisableBit  # mujoco >= 3.3 split mjDSBL_PASSIVE into SPRING and DAMPER
+        spring_bit = getattr(bits, "mjDSBL_SPRING", None) or getattr(bits, "mjDSBL_PASSIVE")
+        damper_bit = getattr(bits, "mjDSBL_DAMPER", None) or getattr(bits, "mjDSBL_PASSIVE")
+        self.springs_on = not disabled & int(spring_bit)
+        self.dampers_on = not disabled & int(damper_bit)
+        self.gravity_on = not disabled & int(mujoco.mjtDisableBit.mjDSBL_GRAVITY)
+        lin_q, lin_v, lin_k, quat_q, quat_v, quat_k = [], [], [], [], [], []
+        for j in range(model.njnt):
+            k = float(model.jnt_stiffness[j])
+            if k == 0.0:
+                continue
+            kind, qa, va = int(model.jnt_type[j]), int(model.jnt_qposadr[j]), int(model.jnt_dofadr[j])
+            if kind == _FREE:
+                lin_q += [qa, qa + 1, qa + 2]
+                lin_v += [va, va + 1, va + 2]
+                lin_k += [k] * 3
+                quat_q.append(qa + 3), quat_v.append(va + 3), quat_k.append(k)
+            elif kind == _BALL:
+                quat_q.append(qa), quat_v.append(va), quat_k.append(k)
+            else:
+                lin_q.append(qa), lin_v.append(va), lin_k.append(k)
+        return dict(lin_q=np.asarray(lin_q, np.int64), lin_v=np.asarray(lin_v, np.int64), lin_k=np.asarray(lin_k),
+                    quat_q=np.asarray(quat_q, np.int64), quat_v=np.asarray(quat_v, np.int64),
+                    quat_k=np.asarray(quat_k))
+
+    def _actuator_layout(self, model: mujoco.MjModel) -> dict[str, np.ndarray]:
+        joint = model.actuator_trnid[:, 0]
+        clamp_ctrl = not int(model.opt.disableflags) & int(mujoco.mjtDisableBit.mjDSBL_CLAMPCTRL)
+        limited = model.actuator_ctrllimited.astype(bool) & bool(clamp_ctrl)
+        force_limited = model.actuator_forcelimited.astype(bool)
+        inf = np.inf
+        return dict(
+            qadr=model.jnt_qposadr[joint].astype(np.int64), vadr=model.jnt_dofadr[joint].astype(np.int64),
+            gear=model.actuator_gear[:, 0].copy(), gain=model.actuator_gainprm[:, 0].copy(),
+            bias=model.actuator_biasprm[:, :3] * (model.actuator_biastype == int(mujoco.mjtBias.mjBIAS_AFFINE))[:, None],
+            ctrl_lo=np.where(limited, model.actuator_ctrlrange[:, 0], -inf),
+            ctrl_hi=np.where(limited, model.actuator_ctrlrange[:, 1], inf),
+            force_lo=np.where(force_limited, model.actuator_forcerange[:, 0], -inf),
+            force_hi=np.where(force_limited, model.actuator_forcerange[:, 1], inf),
+        )
+
+    def _constants(self, device: torch.device, dtype: torch.dtype) -> dict[str, Tensor]:
+        key = (device, dtype)
+        if key not in self._cache:
+            as_t = lambda a: torch.as_tensor(np.asarray(a), device=device,  # noqa: E731
+                                             dtype=torch.int64 if np.asarray(a).dtype == np.int64 else dtype)
+            consts = {k: as_t(v) for k, v in self._numpy.items()}
+            consts.update({f"spring_{k}": as_t(v) for k, v in self._springs.items()})
+            consts.update({f"act_{k}": as_t(v) for k, v in self._actuators.items()})
+            consts["dof_body"] = as_t(self.dof_body)
+            consts["joints"] = [[(j.kind, j.qadr, j.vadr, as_t(j.axis), as_t(j.pos)) for j in joints]
+                                for joints in self.joints]
+            self._cache[key] = consts
+        return self._cache[key]
+
+    # ----------------------------------------------------------------------------------------- evaluation
+
+    def _kinematics(self, qpos: Tensor, c: dict) -> tuple[Tensor, Tensor, Tensor]:
+        """Body frames (B, nbody, 3), (B, nbody, 3, 3) and motion subspaces cdof (B, nv, 6), as ``mj_kinematics``."""
+        batch = qpos.shape[0]
+        positions: list[Tensor] = []
+        rotations: list[Tensor] = []
+        cdof: list[Tensor | None] = [None] * self.nv
+        eye = torch.eye(3, dtype=qpos.dtype, device=qpos.device)
+        for b in range(self.nbody):
+            p = self.parent[b]
+            if p < 0:
+                pos = c["body_pos"][b].expand(batch, 3)
+                rot = c["body_rot"][b].expand(batch, 3, 3)
+            else:
+                pos = positions[p] + rotations[p] @ c["body_pos"][b]
+                rot = rotations[p] @ c["body_rot"][b]
+            rotational: list[tuple[int, Tensor]] = []  # (first dof, anchor): axes are the body's final frame's
+            for kind, qa, va, axis, jpos in c["joints"][b]:
+                if kind == _FREE:
+                    pos = qpos[:, qa:qa + 3]
+                    quat = qpos[:, qa + 3:qa + 7]
+                    rot = _quat_to_mat(quat / torch.linalg.vector_norm(quat, dim=-1, keepdim=True))
+                    zeros = qpos.new_zeros(batch, 3)
+                    for k in range(3):
+                        cdof[va + k] = torch.cat((zeros, eye[k].expand(batch, 3)), -1)
+                    rotational.append((va + 3, pos + rot @ jpos))
+                    continue
+                world_axis = rot @ axis
+                anchor = pos + rot @ jpos
+                if kind == _SLIDE:
+                    pos = pos + world_axis * (qpos[:, qa] - c["qpos0"][qa])[:, None]
+                    cdof[va] = torch.cat((torch.zeros_like(world_axis), world_axis), -1)
+                elif kind == _HINGE:
+                    rot = rot @ _axis_angle_mat(axis, qpos[:, qa] - c["qpos0"][qa])
+                    pos = anchor - rot @ jpos
+                    cdof[va] = torch.cat((world_axis, _cross(anchor, world_axis)), -1)
+                else:  # ball
+                    quat = qpos[:, qa:qa + 4]
+                    rot = rot @ _quat_to_mat(quat / torch.linalg.vector_norm(quat, dim=-1, keepdim=True))
+                    pos = anchor - rot @ jpos
+                    rotational.append((va, anchor))
+            for va, anchor in rotational:
+                for k in range(3):
+                    axis_k = rot[..., :, k]
+                    cdof[va + k] = torch.cat((axis_k, _cross(anchor, axis_k)), -1)
+            positions.append(pos)
+            rotations.append(rot)
+        return torch.stack(positions, 1), torch.stack(rotations, 1), torch.stack(cdof, 1)
+
+    def _spatial_inertia(self, pos: Tensor, rot: Tensor, c: dict) -> Tensor:
+        """Each body's 6x6 spatial inertia about the world origin, world axes (B, nbody, 6, 6)."""
+        com = pos + (rot @ c["body_ipos"][..., None]).squeeze(-1)
+        irot = rot @ c["body_irot"]
+        inertia_com = (irot * c["inertia"][:, None, :]) @ irot.transpose(-1, -2)
+        m = c["mass"][:, None, None]
+        x, y, z = com.unbind(-1)
+        zero = torch.zeros_like(x)
+        skew = torch.stack((zero, -z, y, z, zero, -x, -y, x, zero), -1).reshape(*com.shape, 3)
+        eye = torch.eye(3, dtype=pos.dtype, device=pos.device)
+        top = torch.cat((inertia_com - m * (skew @ skew), m * skew), -1)
+        bottom = torch.cat((-m * skew, m * eye.expand_as(skew)), -1)
+        return torch.cat((top, bottom), -2)
+
+    def mass_matrix(self, qpos: Tensor) -> Tensor:
+        """M(q) (B, nv, nv), armature included (``mj_fullM`` after ``mj_crb``)."""
+        c = self._constants(qpos.device, qpos.dtype)
+        pos, rot, cdof = self._kinematics(qpos, c)
+        return self._crba(self._spatial_inertia(pos, rot, c), cdof, c)
+
+    def _crba(self, inertia: Tensor, cdof: Tensor, c: dict) -> Tensor:
+        composite = torch.einsum("cb,nbij->ncij", c["subtree"], inertia)
+        force = (composite[:, c["dof_body"]] @ cdof[..., None]).squeeze(-1)  # I^c_{body(i)} s_i  (B, nv, 6)
+        cross = force @ cdof.transpose(-1, -2)  # [i, j] = s_j · I^c_{body(i)} s_i
+        lower = cross * c["lower"]
+        full = lower + lower.transpose(-1, -2) - cross * c["same"]
+        return full + torch.diag_embed(c["armature"].expand(cdof.shape[0], -1))
+
+    def terms(self, qpos: Tensor, qvel: Tensor, ctrl: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """M (B, nv, nv), qfrc_bias, qfrc_passive, qfrc_actuator (B, nv) at a batch of states and controls."""
+        c = self._constants(qpos.device, qpos.dtype)
+        pos, rot, cdof = self._kinematics(qpos, c)
+        inertia = self._spatial_inertia(pos, rot, c)
+        mass = self._crba(inertia, cdof, c)
+        return mass, self._rnea(inertia, cdof, qvel, c), self._passive(qpos, qvel, c), self._actuator(qpos, qvel,
+                                                                                                       ctrl, c)
+
+    def _rnea(self, inertia: Tensor, cdof: Tensor, qvel: Tensor, c: dict) -> Tensor:
+        """qfrc_bias = RNEA(q, q̇, q̈ = 0) with gravity as a root acceleration (``mj_rne`` with flg_acc = 0)."""
+        motion = cdof * qvel[..., None]  # s_k q̇_k (B, nv, 6)
+        velocity = torch.einsum("bk,nkj->nbj", c["dof_moves"], motion)  # body velocities (B, nbody, 6)
+        seen = torch.einsum("ik,nkj->nij", c["pre"], motion)  # velocity ṡ_i is taken with
+        dot = _cross_motion(seen, motion) * c["keep_dot"][:, None]  # ṡ_i q̇_i
+        accel = torch.einsum("bk,nkj->nbj", c["dof_moves"], dot)
+        if self.gravity_on:
+            accel = accel + c["gravity"]
+        momentum = (inertia @ velocity[..., None]).squeeze(-1)
+        body_force = (inertia @ accel[..., None]).squeeze(-1) + _cross_force(velocity, momentum)
+        subtree_force = torch.einsum("cb,nbj->ncj", c["subtree"], body_force)
+        return (cdof * subtree_force[:, c["dof_body"]]).sum(-1)
+
+    def _passive(self, qpos: Tensor, qvel: Tensor, c: dict) -> Tensor:
+        passive = -c["damping"] * qvel if self.dampers_on else torch.zeros_like(qvel)
+        if not self.springs_on:
+            return passive
+        if len(self._springs["lin_q"]):
+            spring = c["spring_lin_k"] * (c["qpos_spring"][c["spring_lin_q"]] - qpos[:, c["spring_lin_q"]])
+            passive = passive.index_add(1, c["spring_lin_v"], spring)
+        for j, (qa, va) in enumerate(zip(self._springs["quat_q"], self._springs["quat_v"])):
+            quat = qpos[:, qa:qa + 4]
+            quat = quat / torch.linalg.vector_norm(quat, dim=-1, keepdim=True)
+            inverse = quat * quat.new_tensor([1.0, -1.0, -1.0, -1.0])
+            reference = c["qpos_spring"][qa:qa + 4]
+            dif = _quat_log(_quat_mul(inverse, reference.expand_as(quat)))  # mju_subQuat(spring, q)
+            passive = passive.index_add(1, c["spring_quat_v"][j] + torch.arange(3, device=qpos.device),
+                                        c["spring_quat_k"][j] * dif)
+        return passive
+
+    def _actuator(self, qpos: Tensor, qvel: Tensor, ctrl: Tensor, c: dict) -> Tensor:
+        if self.nu == 0:
+            return torch.zeros_like(qvel)
+        gear = c["act_gear"]
+        ctrl = torch.maximum(torch.minimum(ctrl, c["act_ctrl_hi"]), c["act_ctrl_lo"])
+        length = gear * (qpos[:, c["act_qadr"]])
+        velocity = gear * qvel[:, c["act_vadr"]]
+        bias = c["act_bias"]
+        force = c["act_gain"] * ctrl + bias[:, 0] + bias[:, 1] * length + bias[:, 2] * velocity
+        force = torch.maximum(torch.minimum(force, c["act_force_hi"]), c["act_force_lo"])
+        return torch.zeros_like(qvel).index_add(1, c["act_vadr"], gear * force)
+
+
+def _np_quat_to_mat(q: np.ndarray) -> np.ndarray:
+    out = np.zeros(9)
+    mujoco.mju_quat2Mat(out, np.asarray(q, dtype=np.float64) / np.linalg.norm(q))
+    return out.reshape(3, 3)
