@@ -128,3 +128,16 @@ def test_unsupported_features_raise():
     xml = HAND_XML.replace('<option gravity="0.3 -0.2 -9.81"/>', '<option density="1.2"/>')
     with pytest.raises(NotImplementedError, match="fluid"):
         RigidBodyDynamics(mujoco.MjModel.from_xml_string(xml))
+
+
+@pytest.mark.parametrize("name", ["Humanoid-v5", "HalfCheetah-v5"])
+def test_prior_backends_agree(name):
+    """MujocoPrior's default (batched torch, Cholesky) gives the MuJoCo loop's (M + hD)^-1 and force."""
+    model = _model(name)
+    qpos, qvel, ctrl = (torch.from_numpy(x) for x in random_states(model, 200, seed=3))
+    batched, loop = MujocoPrior(model, frame_skip=5), MujocoPrior(model, frame_skip=5, backend="mujoco")
+    assert batched.backend == "torch"
+    for got, want, what in zip(batched.terms(qpos, qvel, ctrl), loop.terms(qpos, qvel, ctrl), ("minv_h", "force")):
+        _assert_close(got, want.numpy(), what)
+    with pytest.raises(ValueError, match="backend"):
+        MujocoPrior(model, frame_skip=1, backend="warp")

@@ -23,7 +23,10 @@ import mujoco
 import numpy as np
 import torch
 
+from envs.control.rigid_body import RigidBodyDynamics
+
 _FREE, _BALL = int(mujoco.mjtJoint.mjJNT_FREE), int(mujoco.mjtJoint.mjJNT_BALL)
+BACKENDS = ("torch", "mujoco")  # the batched torch prior (default) or MuJoCo's per-state loop (the reference)
 
 
 def full_mass_matrix(model: mujoco.MjModel, data: mujoco.MjData) -> np.ndarray:
@@ -175,12 +178,18 @@ class MujocoPrior:
 
         minv_h = (M + h D)^-1   (B, nv, nv)      and      force = τ_actuator + τ_passive − c   (B, nv),
 
-    computed in float64 without gradients (MuJoCo's pipeline stages, skipping the constraint solve).
+    without gradients. ``backend="torch"`` (default) computes them batched on the states' device and dtype with
+    ``envs.control.rigid_body`` (equal to MuJoCo within 1e-6 in float64, tests/test_rigid_body.py); ``"mujoco"`` keeps
+    MuJoCo's own pipeline stages per state in float64 on the CPU (skipping the constraint solve) as the reference.
     """
 
-    def __init__(self, model: mujoco.MjModel, frame_skip: int, translation_qpos: tuple[int, ...] = ()) -> None:
+    def __init__(self, model: mujoco.MjModel, frame_skip: int, translation_qpos: tuple[int, ...] = (),
+                 backend: str = "torch") -> None:
         if frame_skip < 1:
             raise ValueError(f"frame_skip must be >= 1, got {frame_skip}")
+        if backend not in BACKENDS:
+            raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+        self.backend = backend
         self.model = copy.deepcopy(model)
         self.data = mujoco.MjData(self.model)
         self.nq, self.nv, self.nu = self.model.nq, self.model.nv, self.model.nu
@@ -191,13 +200,15 @@ class MujocoPrior:
         self.quaternion_qpos, self.quaternion_qvel = layout.quaternion_qpos, layout.quaternion_qvel
         self.translation_qpos = tuple(translation_qpos)
         self._damping = np.diag(implicit_damping(self.model))
+        self._damping_diag = implicit_damping(self.model)
+        self.dynamics = RigidBodyDynamics(self.model) if backend == "torch" else None
 
     @classmethod
-    def from_env(cls, env) -> "MujocoPrior":
+    def from_env(cls, env, backend: str = "torch") -> "MujocoPrior":
         """Prior of a gymnasium MuJoCo env; translation coordinates are the qpos gymnasium leaves out of the obs."""
         base = env.unwrapped
         skipped = int(getattr(base, "observation_structure", {}).get("skipped_qpos", 0))
-        return cls(base.model, base.frame_skip, translation_qpos=tuple(range(skipped)))
+        return cls(base.model, base.frame_skip, translation_qpos=tuple(range(skipped)), backend=backend)
 
     def numpy_terms(self, qpos: np.ndarray, qvel: np.ndarray,
                     ctrl: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -217,7 +228,18 @@ class MujocoPrior:
         return mass, bias, actuator, passive
 
     def terms(self, qpos: torch.Tensor, qvel: torch.Tensor, action: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(minv_h, force) of equation (2) for a batch, as tensors of ``qpos``'s dtype and device (no gradient)."""
+        """(minv_h, force) of equation (2) for a batch, as tensors of ``qpos``'s dtype and device (no gradient).
+
+        ``backend="torch"``: batched on ``qpos``'s device in its dtype, (M + hD)^-1 from a batched Cholesky
+        factorisation; ``"mujoco"``: the per-state MuJoCo loop in float64 on the CPU (the reference).
+        """
+        if self.backend == "torch":
+            with torch.no_grad():
+                qpos, qvel, action = qpos.detach(), qvel.detach(), action.detach().to(qpos.dtype)
+                mass, bias, passive, actuator = self.dynamics.terms(qpos, qvel.to(qpos.dtype), action)
+                damping = torch.as_tensor(self._damping_diag, dtype=qpos.dtype, device=qpos.device)
+                factor = torch.linalg.cholesky(mass + torch.diag_embed(damping.expand(mass.shape[0], -1)))
+                return torch.cholesky_inverse(factor), actuator + passive - bias
         mass, bias, actuator, passive = self.numpy_terms(
             qpos.detach().cpu().double().numpy(), qvel.detach().cpu().double().numpy(),
             action.detach().cpu().double().numpy())
