@@ -137,8 +137,9 @@ def test_reward_counter_counts_nonfinite_rewards_as_nan():
 
 METHOD_VARIANTS = [
     ("vidd", {}),
-    ("vidd", {"next_value": "completion", "self_normalize_weights": True, "exact_teacher_term": True}),
-    ("vidd", {"next_value": "completion", "value_denominator": False}),
+    ("vidd", {"value_scheme": "hybrid", "self_normalize_weights": True, "exact_teacher_term": True,
+              "timesteps_per_trajectory": None}),
+    ("vidd", {"value_scheme": "hybrid", "value_denominator": False}),
     ("vidd", {"distill_target": "final_sample", "timesteps_per_trajectory": 1, "value_model": "student",
               "value_estimator": "greedy"}),
     ("standard_ft", {}),

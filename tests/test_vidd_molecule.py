@@ -72,7 +72,7 @@ def test_vidd_raises_median_qed_over_pretrained(pretrained):
     data, model, _, _ = pretrained
     cfg = VIDDConfig(
         alpha=0.1, beta=1.0, refresh_interval=5, timesteps_per_trajectory=4, batch_size=32,
-        max_iterations=30, num_sampling_steps=T, lr=1e-3, next_value="completion",
+        max_iterations=30, num_sampling_steps=T, lr=1e-3, value_scheme="hybrid",
     )
     before = evaluate(model, data, model)
     gains = []

@@ -17,6 +17,10 @@ METHODS: tuple[str, ...] = ("vidd", "best_of_n", "standard_ft", "ddpo", "ddpp", 
 Method = Literal["vidd", "best_of_n", "standard_ft", "ddpo", "ddpp", "rw_mle"]
 # the methods that distill x0 given x_t (algos.vidd.x0_losses) rather than one reverse step (eq. 7)
 X0_METHODS: tuple[str, ...] = ("ddpp", "rw_mle")
+# value_scheme -> (next_value, value_model) it sets; "custom" keeps the fields as given
+VALUE_SCHEMES: dict[str, tuple[str, str]] = {"official": ("denoised", "student"), "alg1": ("denoised", "teacher"),
+                                             "hybrid": ("completion", "teacher")}
+VALUE_SCHEMES_ALL: tuple[str, ...] = (*VALUE_SCHEMES, "custom")
 
 
 @dataclass
@@ -33,7 +37,8 @@ class VIDDConfig:
     alpha: float = 0.1  # temperature of the soft-optimal policy (reward units)
     beta: float = 1.0  # probability that a roll-in batch comes from the teacher (else from p_pre)
     refresh_interval: int | None = 5  # K: copy the student into the teacher every K iterations; None = never
-    timesteps_per_trajectory: int | None = 4  # random roll-in steps distilled per trajectory; None = all T
+    # roll-in steps distilled per trajectory; None = all T (the official DNA code, finetune_reward.py:250-257)
+    timesteps_per_trajectory: int | None = None
     batch_size: int = 32  # roll-in trajectories (VIDD) / sampled trajectories (DDPO) per iteration
     max_iterations: int = 100  # cap; runs normally stop when the budget is spent
     query_budget: int | None = None  # distinct sequences sent to the oracle; training stops before exceeding it
@@ -44,6 +49,13 @@ class VIDDConfig:
     grad_clip: float = 1.0
     num_sampling_steps: int = 32  # T of the ancestral sampler used for roll-ins
     value_model: Literal["teacher", "student"] = "teacher"  # Alg. 1 values with p_out; the DNA code with the student
+    # the value estimator by name (algos/vidd/README.md); a named scheme sets next_value, value_model and whether the
+    # roll-out draws a fresh teacher step, "custom" leaves those three fields as given:
+    # "official": a fresh xbar ~ p_out(. | x_t) at every step, both values r(x0hat) of the student's one-step
+    #   prediction (losses/rl_loss.py:126,171-211; scripts/dna.sh:14 --rs_gen_model new)
+    # "alg1": Algorithm 1 as written: values r(x0hat) of p_out; a teacher roll-in's own next state is the draw
+    # "hybrid": numerator r of the trajectory's own final sample, denominator the one-step r(x0hat(x_t))
+    value_scheme: Literal["official", "alg1", "hybrid", "custom"] = "official"
     # x0hat for v(x) = r(x0hat(x)): "one_step" argmax (Alg. 1, DNA code) or "greedy" iterative decoding
     # with greedy_tokens_per_step tokens per pass (protein code); both cost one reward query per state
     value_estimator: Literal["one_step", "greedy"] = "one_step"
@@ -69,9 +81,15 @@ class VIDDConfig:
     standardize_weights: bool = True
     # control variate (not in the paper): write w = 1 + (w - 1) and replace the "1" part, plain MLE on
     # p_out's samples, by its exact expectation q * sum_masked CE(p_out(x0|x_t), p_theta(x0|x_t)); the
-    # expected gradient is unchanged, the sampling noise that makes the student drift is removed. Only valid
-    # when the weights average 1 per state, hence it requires self_normalize_weights
+    # expected gradient is unchanged, the sampling noise that makes the student drift is removed. Exact when the
+    # weights average 1 per state (per-step normalisation); with batch-wide weights (mean 1 over the batch) it is an
+    # approximation, no longer tied to self_normalize_weights (issue 37: forcing it made groups of one)
     exact_teacher_term: bool = False
+    # per-step normalisation is refused unless every step's group has >= this many transitions
+    min_step_group: ClassVar[int] = 8
+    # True only to rebuild the issue-24 studies' hybrid (per-step weights over one random step per trajectory), whose
+    # records were made that way; never for new runs
+    legacy_small_step_groups: bool = False
     # DDPO baseline (the released code: ratio clip 1e-4, one step per batch, old policy = previous step)
     ddpo_clip: float = 0.2
     ddpo_inner_steps: int = 2
@@ -99,9 +117,17 @@ class VIDDConfig:
         check(self.value_estimator in ("one_step", "greedy"), "value_estimator", "must be 'one_step' or 'greedy'")
         check(self.next_value in ("denoised", "completion"), "next_value", "must be 'denoised' or 'completion'")
         check(self.value_model in ("teacher", "student"), "value_model", "must be 'teacher' or 'student'")
-        # the control variate assumes weights of mean 1; estimated values give means of 10-20 on molecules
-        check(self.self_normalize_weights or not self.exact_teacher_term, "exact_teacher_term",
-              "needs self_normalize_weights=True")
+        check(self.value_scheme in VALUE_SCHEMES_ALL, "value_scheme", f"must be one of {VALUE_SCHEMES_ALL}")
+        if self.value_scheme != "custom":
+            self.next_value, self.value_model = VALUE_SCHEMES[self.value_scheme]
+        # a step's group is the trajectories distilled at that step: all of them only when every step is distilled
+        # (with k < T random steps, groups of ~batch_size * k / T, often 1, whose weight is forced to 1)
+        if self.self_normalize_weights and not self.legacy_small_step_groups and (self.batch_size < self.min_step_group or (
+                self.timesteps_per_trajectory not in (None, self.num_sampling_steps))):
+            raise ValueError(f"{self.key_prefix}self_normalize_weights: per-step groups need >= {self.min_step_group} "
+                             f"members: set {self.key_prefix}timesteps_per_trajectory=None (got "
+                             f"{self.timesteps_per_trajectory}) and {self.key_prefix}batch_size >= "
+                             f"{self.min_step_group} (got {self.batch_size}), or self_normalize_weights=False")
         check(self.eval_every >= 0, "eval_every", "must be >= 0 (0 = only at the end)")
         check(self.distill_target in ("next_state", "final_sample"), "distill_target",
               "must be 'next_state' or 'final_sample'")
@@ -115,6 +141,11 @@ class VIDDConfig:
     @property
     def steps_per_trajectory(self) -> int:
         return self.timesteps_per_trajectory or self.num_sampling_steps
+
+    @property
+    def fresh_rollout(self) -> bool:
+        """Whether every distilled step draws a fresh teacher step, even from a teacher roll-in (the official code)."""
+        return self.value_scheme == "official"
 
     @property
     def queries_value_states(self) -> bool:

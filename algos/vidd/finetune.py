@@ -132,6 +132,7 @@ def finetune(
     history: list[dict] = []
     milestones = sorted(eval_at_queries)
     trajectories = iteration = 0
+    since_refresh = 0.0  # distilled transitions since the last teacher refresh (a diagnostic, issue 37)
     for iteration in range(1, cfg.max_iterations + 1):
         # an iteration needs one query (DDPO: a sample; RW_MLE: a final sample) or a value pair
         if counter.remaining < (1 if method in ("ddpo", "rw_mle") else 2):
@@ -143,9 +144,14 @@ def finetune(
             metrics = x0_iteration(method, student, pre, teacher, optimizer, counter, cfg, generator, sample_fn)
         else:
             metrics = vidd_iteration(student, pre, teacher, optimizer, counter, cfg, generator, sample_fn)
+        # transitions that carried a loss this iteration (DDPO: sampled trajectory steps)
+        metrics["transitions_per_iteration"] = float(metrics.get("transitions", 0.0))
+        since_refresh += metrics["transitions_per_iteration"]
         if method != "ddpo" and refresh_due(cfg, iteration):
             refresh_teacher(teacher, student)
             metrics["teacher_refreshed"] = 1.0
+            metrics["transitions_per_refresh"] = since_refresh
+            since_refresh = 0.0
         trajectories += int(metrics.pop("trajectories"))
         metrics.update(reward_queries=counter.n_queries, trajectories=trajectories)
         due = bool(cfg.eval_every and iteration % cfg.eval_every == 0)
@@ -245,4 +251,5 @@ def ddpo_iteration(
     metrics: dict = {"reward_mean": finite.mean().item() if len(finite) else float("nan"),
                      "reward_max": finite.max().item() if len(finite) else float("nan"), "trajectories": float(n)}
     metrics.update(ddpo.ddpo_update(policy, optimizer, states, ddpo.normalized_advantages(rewards), cfg, generator))
+    metrics.setdefault("transitions", float(n * cfg.steps_per_trajectory))
     return metrics

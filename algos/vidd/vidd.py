@@ -156,9 +156,10 @@ def rollin_with_teacher(beta: float, generator: torch.Generator | None = None) -
 
 
 def rollin_is_teacher_sample(with_teacher: bool, cfg: VIDDConfig) -> bool:
-    """Whether roll-in trajectories are draws of the teacher (so the roll-out may reuse their next states): those
-    rolled in with it, and all of them when the teacher is never refreshed (it stays p_pre)."""
-    return with_teacher or cfg.refresh_interval is None
+    """Whether the roll-out reuses the roll-in's next states as its teacher draws: only when they are draws of the
+    teacher (rolled in with it, or any roll-in when the teacher is never refreshed and stays p_pre), and never under
+    ``value_scheme="official"``, whose roll-out draws a fresh teacher step at every t (losses/rl_loss.py:126)."""
+    return (with_teacher or cfg.refresh_interval is None) and not cfg.fresh_rollout
 
 
 def rollin(
@@ -329,21 +330,32 @@ def vidd_loss(student: nn.Module, batch: VIDDBatch, cfg: VIDDConfig) -> tuple[Te
         loss = (expected_nll - (weights - 1.0) * torch.where(batch.changed, log_p, 0.0)).mean()
     else:
         loss = -(weights * log_p).mean()
-    return loss, weight_metrics(weights, log_w, batch.changed) | {
+    return loss, weight_metrics(weights, log_w, batch.changed, batch.t) | {
         "loss": loss.item(),
         "value_gain_mean": (batch.v_next - v_current)[batch.changed].mean().item() if batch.changed.any() else 0.0,
         "log_prob_mean": log_p[batch.changed].mean().item() if batch.changed.any() else float("nan"),
     }
 
 
-def weight_metrics(weights: Tensor, log_w: Tensor, selected: Tensor) -> dict:
-    """How peaked the (normalised) weights are: raw log-weight spread and the Kish effective sample size."""
+def weight_metrics(weights: Tensor, log_w: Tensor, selected: Tensor, groups: Tensor | None = None) -> dict:
+    """Diagnostics of the (normalised) weights over the ``selected`` transitions: how many there are, the raw
+    log-weight spread, the Kish effective sample size (absolute and as a fraction), the mean ``|w - 1|`` (0 = plain
+    MLE on the teacher's draws) and the sizes of the reverse-step groups (``groups``: each transition's step)."""
     w, lw = weights[selected], log_w[selected]
+    out = {"transitions": float(len(w))}
+    if groups is not None:
+        sizes = groups[selected].unique(return_counts=True)[1].float()
+        out |= {"group_size_min": sizes.min().item() if len(sizes) else float("nan"),
+                "group_size_mean": sizes.mean().item() if len(sizes) else float("nan"),
+                "group_singletons": float((sizes == 1).sum().item())}
     if not len(w):
-        return {"weight_max": float("nan"), "log_weight_std": float("nan"), "weight_ess_fraction": float("nan")}
-    return {"weight_max": w.max().item(), "log_weight_std": lw.std().item() if len(lw) > 1 else 0.0,
-            # Kish effective sample size: how many roll-outs really drive the update
-            "weight_ess_fraction": (w.sum() ** 2 / (w.pow(2).sum() * len(w))).item()}
+        return out | {"weight_max": float("nan"), "log_weight_std": float("nan"), "weight_ess": float("nan"),
+                      "weight_ess_fraction": float("nan"), "weight_abs_dev_mean": float("nan")}
+    # Kish effective sample size: how many roll-outs really drive the update
+    ess = (w.sum() ** 2 / w.pow(2).sum()).item() if w.pow(2).sum() > 0 else 0.0
+    return out | {"weight_max": w.max().item(), "log_weight_std": lw.std().item() if len(lw) > 1 else 0.0,
+                  "weight_ess": ess, "weight_ess_fraction": ess / len(w),
+                  "weight_abs_dev_mean": (w - 1.0).abs().mean().item()}
 
 
 def vidd_update(student: nn.Module, optimizer: torch.optim.Optimizer, batch: VIDDBatch, cfg: VIDDConfig) -> dict:

@@ -139,7 +139,7 @@ def final_sample_loss(student: nn.Module, batch: X0Batch, cfg: VIDDConfig) -> tu
     weights, log_w = final_sample_weights(batch, cfg)
     ll = x0_log_likelihood(student, batch.x_t, batch.x0) / batch.x_t.shape[1]
     loss = -(weights * ll).mean()
-    return loss, weight_metrics(weights.clamp_min(0), log_w, batch.valid) | {
+    return loss, weight_metrics(weights.clamp_min(0), log_w, batch.valid, batch.t) | {
         "loss": loss.item(), "log_prob_mean": ll[batch.valid].mean().item() if batch.valid.any() else float("nan")}
 
 
@@ -151,7 +151,7 @@ def ddpp_loss(student: nn.Module, pretrained: nn.Module, batch: X0Batch, cfg: VI
     residual = ll - ll_pre - (batch.r_final - batch.v_current) / cfg.alpha
     loss = torch.where(batch.valid, residual.pow(2), torch.zeros_like(residual)).sum() / max(1, int(batch.valid.sum()))
     sel = batch.valid
-    return loss, {"loss": loss.item(),
+    return loss, {"loss": loss.item(), "transitions": float(sel.sum().item()),
                   "log_ratio_mean": (ll - ll_pre)[sel].mean().item() if sel.any() else float("nan"),
                   "residual_abs_mean": residual[sel].abs().mean().item() if sel.any() else float("nan")}
 

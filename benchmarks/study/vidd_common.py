@@ -55,7 +55,7 @@ NLL_SEED = 7
 
 # every setting a variant may change, at this value unless the variant says otherwise (the experiment config's own
 # defaults never leak into a variant)
-COMMON = dict(alpha=0.1, beta=1.0, refresh_interval=5, next_value="denoised", value_model="teacher",
+COMMON = dict(alpha=0.1, beta=1.0, refresh_interval=5, value_scheme="custom", next_value="denoised", value_model="teacher",
               value_estimator="one_step", self_normalize_weights=False, exact_teacher_term=False, updates_per_batch=1,
               value_denominator=True, distill_target="next_state", standardize_weights=True, max_log_weight=None,
               ddpo_clip=0.2, ddpo_inner_steps=2, ddpo_lr=None)
@@ -66,7 +66,7 @@ ALG1 = dict(next_value="denoised", value_model="teacher", value_estimator="one_s
 # the hybrid of the earlier benchmark (RESULTS.md): numerator r of the roll-in's own final sample, per-step normalised
 # weights, the exact-teacher control variate, 4 gradient steps per batch
 HYBRID = dict(next_value="completion", value_model="teacher", value_estimator="one_step", self_normalize_weights=True,
-              exact_teacher_term=True, updates_per_batch=4)
+              exact_teacher_term=True, updates_per_batch=4, legacy_small_step_groups=True)
 
 
 @dataclass(frozen=True)
