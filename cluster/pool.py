@@ -49,7 +49,7 @@ import ray
 from ray.exceptions import GetTimeoutError, ObjectLostError, RayActorError
 
 from cluster.connect import NAMESPACE
-from cluster.pool_config import DEFAULT_GROUP, PoolConfig
+from cluster.pool_config import DEFAULT_GROUP, POOL_PROTOCOL, PoolConfig
 from cluster.pool_manager import PoolManager, UnknownName
 from cluster.pool_worker import RequestTimeout, SamplerError, config_digest, request_summary
 
@@ -145,6 +145,11 @@ class SharedPool:
                                f"a slot on the head node; cluster resources: {ray.cluster_resources()})") from None
         except ray.exceptions.RayTaskError as err:
             raise (err.cause if isinstance(err.cause, SamplerError) else err) from None
+        if info.get("protocol") != POOL_PROTOCOL:
+            raise SamplerError(f"pool {cfg.name!r} runs other pool code (protocol {info.get('protocol', 1)}; this code "
+                               f"speaks {POOL_PROTOCOL}): it was started before the code changed and outlives jobs. "
+                               f"Restart the cluster, or end the pool: ray.kill(ray.get_actor({cfg.name!r}, "
+                               f"namespace={NAMESPACE!r}))")
         if create and info["config"] != asdict(cfg):
             log.warning("pool %r already exists with %s; attaching to it as is (asked for %s)",
                         cfg.name, info["config"], asdict(cfg))

@@ -11,6 +11,10 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 DEFAULT_GROUP = "default"
+# What a client and a running manager must agree on (call signatures, stream items, acknowledgements). The pool is
+# detached and outlives the code that started it: a client of other pool code would fail deep inside a call, so
+# attach compares this first. Bump it with any change to the manager's methods or what they stream.
+POOL_PROTOCOL = 2
 
 
 @dataclass

@@ -29,7 +29,7 @@ from typing import Any
 import ray
 
 from cluster.echo_sampler import BUILTIN_SAMPLERS
-from cluster.pool_config import DEFAULT_GROUP, PoolConfig
+from cluster.pool_config import DEFAULT_GROUP, POOL_PROTOCOL, PoolConfig
 from cluster.pool_dispatch import Dispatch, _Map
 from cluster.pool_groups import Group
 from cluster.pool_metrics import PoolMetrics
@@ -94,7 +94,8 @@ class PoolManager(Dispatch):
             raise SamplerError(f"pool {self.cfg.name!r}: its workers could not all be placed within {timeout_s:.0f} s; "
                                f"each worker needs {wanted} (per group); the cluster has "
                                f"{ray.available_resources()} available of {ray.cluster_resources()}") from None
-        return {"name": self.cfg.name, "config": asdict(self.cfg), "incarnation": self.incarnation}
+        return {"name": self.cfg.name, "config": asdict(self.cfg), "incarnation": self.incarnation,
+                "protocol": POOL_PROTOCOL}
 
     async def register(self, name: str, factory: str, group: str = DEFAULT_GROUP,
                        timeout_s: float | None = None) -> None:

@@ -177,6 +177,8 @@ def test_local_cluster_prints_labelled_lines_a_token_that_works_and_a_stop_line(
         dashboard = label["dashboard"].split()[0]
         assert not dashboard.endswith(f":{taken[0]}")
         assert any(f"dashboard: port {taken[0]} is taken" in ln for ln in lines), lines
+        # the shared pool is made at start by a process that is no user job (nothing it holds is a job's)
+        assert any(re.match(r"pool 'orrery-pool' up \(default: 2 workers", ln) for ln in lines), lines
         token_file = Path(label["token"].split()[0])
         token = token_file.read_text()
         assert oct(token_file.stat().st_mode & 0o777) == "0o600"

@@ -64,6 +64,16 @@ def test_attach_stats_and_release_answer_while_every_worker_is_busy(pool_factory
     busy.cancel()
 
 
+def test_a_client_of_other_pool_code_is_refused_in_one_line(pool_factory, monkeypatch):
+    """The pool is detached and outlives the code that started it: a client speaking another protocol must be told,
+    not fail inside a call (a stream item of another shape gave `TypeError: too many positional arguments`)."""
+    import cluster.pool
+    pool = pool_factory(num_workers=1)
+    monkeypatch.setattr(cluster.pool, "POOL_PROTOCOL", cluster.pool.POOL_PROTOCOL + 1)
+    with pytest.raises(SamplerError, match=r"runs other pool code \(protocol \d+; this code speaks \d+\).*ray\.kill"):
+        SharedPool.attach({"name": pool.name}, create=False)
+
+
 # -- turns -----------------------------------------------------------------------------------------------------------
 
 def test_slots_serve_clients_in_turns_and_strand_no_waiter():

@@ -353,6 +353,22 @@ def ensure_ray_cli(argv: list[str]) -> None:
                      f"`{command}`")
 
 
+def start_pool(head: "LocalNode", token_file: Path, overrides: list[str]) -> bool:
+    """Create the shared pool now, from a process that is no user job (``experiments.pool_up``), so that nothing it
+    holds is credited to the first job. A subprocess: ``cluster/`` does not import ``experiments``. On failure the
+    cluster stays up and the first job creates the pool, as before; one line says so."""
+    env = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(token_file)}
+    done = subprocess.run([sys.executable, "-m", "experiments.pool_up", "--address", head.gcs_address, *overrides],
+                          cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=600)
+    lines = (done.stdout.strip() or done.stderr.strip() or "(no output)").splitlines()
+    if done.returncode == 0:
+        print(lines[-1], flush=True)
+        return True
+    print(f"the shared pool was not created at start (exit {done.returncode}: {lines[-1]}); the first job creates it",
+          file=sys.stderr, flush=True)
+    return False
+
+
 def _raise_interrupt(signum: int, frame: Any) -> None:
     raise KeyboardInterrupt  # `kill <pid>` stops the cluster as Ctrl-C does
 
@@ -431,6 +447,7 @@ def main(argv: list[str] | None = None) -> None:
         head = nodes[0]
         if prometheus_port:
             prometheus = start_prometheus(head, prometheus_port)
+        start_pool(head, token_file, ["scale=rehearsal"] if args.workers and args.gpus else [])
         print("\n".join(start_lines(head, token_file, temp, prometheus_url, args.head_cpus, args.workers, args.cpus,
                                     args.gpus)),
               flush=True)
