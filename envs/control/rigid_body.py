@@ -70,6 +70,11 @@ def _axis_angle_mat(axis: Tensor, angle: Tensor) -> Tensor:
     return torch.eye(3, dtype=axis.dtype, device=axis.device) + s * k + (1 - c) * (k @ k)
 
 
+def _matmul3(a: Tensor, b: Tensor) -> Tensor:
+    """a @ b for stacks of 3x3 matrices, elementwise (faster than a batched GEMM of 3x3 blocks)."""
+    return (a[..., :, :, None] * b[..., None, :, :]).sum(-2)
+
+
 def _quat_log(q: Tensor) -> Tensor:
     """Rotation vector of unit wxyz quaternions (MuJoCo's ``mju_quat2Vel`` with dt = 1), angle wrapped to (−π, π]."""
     w, v = q[..., 0], q[..., 1:]
@@ -87,18 +92,6 @@ def _quat_mul(a: Tensor, b: Tensor) -> Tensor:
     bw, bx, by, bz = b.unbind(-1)
     return torch.stack((aw * bw - ax * bx - ay * by - az * bz, aw * bx + ax * bw + ay * bz - az * by,
                         aw * by - ax * bz + ay * bw + az * bx, aw * bz + ax * by - ay * bx + az * bw), -1)
-
-
-def _cross_motion(v: Tensor, m: Tensor) -> Tensor:
-    """Spatial motion cross product v × m, vectors (angular; linear at the common point)."""
-    return torch.cat((_cross(v[..., :3], m[..., :3]), _cross(v[..., :3], m[..., 3:]) + _cross(v[..., 3:], m[..., :3])),
-                     -1)
-
-
-def _cross_force(v: Tensor, f: Tensor) -> Tensor:
-    """Spatial force cross product v ×* f (moment; force)."""
-    return torch.cat((_cross(v[..., :3], f[..., :3]) + _cross(v[..., 3:], f[..., 3:]), _cross(v[..., :3], f[..., 3:])),
-                     -1)
 
 
 # ---------------------------------------------------------------------------------------------- the model
@@ -169,7 +162,8 @@ class RigidBodyDynamics:
             body_pos=model.body_pos[1:], body_rot=np.stack([_np_quat_to_mat(q) for q in model.body_quat[1:]]),
             body_ipos=model.body_ipos[1:], body_irot=np.stack([_np_quat_to_mat(q) for q in model.body_iquat[1:]]),
             mass=model.body_mass[1:], inertia=model.body_inertia[1:],
-            subtree=self._subtree, dof_moves=dof_moves, pre=parent_moves + earlier,
+            subtree=self._subtree, composite_mass=(self._subtree @ model.body_mass[1:])[self.dof_body],
+            dof_moves=dof_moves, pre=parent_moves + earlier,
             keep_dot=1.0 - free_translation,
             lower=dof_anc, lower_t=dof_anc.T.copy(), same=same, armature=model.dof_armature.copy(),
             damping=model.dof_damping.copy(), gravity=np.concatenate([np.zeros(3), -model.opt.gravity]),
@@ -273,104 +267,130 @@ class RigidBodyDynamics:
 
     # ----------------------------------------------------------------------------------------- evaluation
 
-    def _kinematics(self, qpos: Tensor, c: dict) -> tuple[Tensor, Tensor, Tensor]:
-        """Body frames (B, nbody, 3), (B, nbody, 3, 3) and motion subspaces cdof (B, nv, 6), as ``mj_kinematics``."""
+    def _kinematics(self, qpos: Tensor, c: dict) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """Body frames and motion subspaces, as ``mj_kinematics`` and ``mj_comPos`` compute them.
+
+        Returns body positions (nbody, B, 3), rotations (nbody, B, 3, 3) and each dof's spatial axis about the world
+        origin as angular (nv, B, 3) and linear (nv, B, 3) parts. Bodies and dofs lead the shape so that tree sums
+        are single matrix products; 3x3 products are written elementwise (batched 3x3 bmm is slow on CPUs).
+        """
         batch = qpos.shape[0]
         positions: list[Tensor] = []
         rotations: list[Tensor] = []
-        cdof: list[Tensor | None] = [None] * self.nv
+        ang: list[Tensor | None] = [None] * self.nv
+        lin: list[Tensor | None] = [None] * self.nv
         eye = torch.eye(3, dtype=qpos.dtype, device=qpos.device)
+        zeros = qpos.new_zeros(batch, 3)
         for b in range(self.nbody):
             p = self.parent[b]
             if p < 0:
                 pos = c["body_pos"][b].expand(batch, 3)
                 rot = c["body_rot"][b].expand(batch, 3, 3)
             else:
-                pos = positions[p] + rotations[p] @ c["body_pos"][b]
-                rot = rotations[p] @ c["body_rot"][b]
+                pos = positions[p] + (rotations[p] * c["body_pos"][b]).sum(-1)
+                rot = rotations[p] @ c["body_rot"][b]  # constant right factor: one (3B x 3) @ (3 x 3) product
             rotational: list[tuple[int, Tensor]] = []  # (first dof, anchor): axes are the body's final frame's
             for kind, qa, va, axis, jpos in c["joints"][b]:
                 if kind == _FREE:
                     pos = qpos[:, qa:qa + 3]
                     quat = qpos[:, qa + 3:qa + 7]
                     rot = _quat_to_mat(quat / torch.linalg.vector_norm(quat, dim=-1, keepdim=True))
-                    zeros = qpos.new_zeros(batch, 3)
                     for k in range(3):
-                        cdof[va + k] = torch.cat((zeros, eye[k].expand(batch, 3)), -1)
-                    rotational.append((va + 3, pos + rot @ jpos))
+                        ang[va + k], lin[va + k] = zeros, eye[k].expand(batch, 3)
+                    rotational.append((va + 3, pos + (rot * jpos).sum(-1)))
                     continue
-                world_axis = rot @ axis
-                anchor = pos + rot @ jpos
+                world_axis = (rot * axis).sum(-1)
+                anchor = pos + (rot * jpos).sum(-1)
                 if kind == _SLIDE:
                     pos = pos + world_axis * (qpos[:, qa] - c["qpos0"][qa])[:, None]
-                    cdof[va] = torch.cat((torch.zeros_like(world_axis), world_axis), -1)
+                    ang[va], lin[va] = zeros, world_axis
                 elif kind == _HINGE:
-                    rot = rot @ _axis_angle_mat(axis, qpos[:, qa] - c["qpos0"][qa])
-                    pos = anchor - rot @ jpos
-                    cdof[va] = torch.cat((world_axis, _cross(anchor, world_axis)), -1)
+                    rot = _matmul3(rot, _axis_angle_mat(axis, qpos[:, qa] - c["qpos0"][qa]))
+                    pos = anchor - (rot * jpos).sum(-1)
+                    ang[va], lin[va] = world_axis, _cross(anchor, world_axis)
                 else:  # ball
                     quat = qpos[:, qa:qa + 4]
-                    rot = rot @ _quat_to_mat(quat / torch.linalg.vector_norm(quat, dim=-1, keepdim=True))
-                    pos = anchor - rot @ jpos
+                    rot = _matmul3(rot, _quat_to_mat(quat / torch.linalg.vector_norm(quat, dim=-1, keepdim=True)))
+                    pos = anchor - (rot * jpos).sum(-1)
                     rotational.append((va, anchor))
             for va, anchor in rotational:
                 for k in range(3):
                     axis_k = rot[..., :, k]
-                    cdof[va + k] = torch.cat((axis_k, _cross(anchor, axis_k)), -1)
+                    ang[va + k], lin[va + k] = axis_k, _cross(anchor, axis_k)
             positions.append(pos)
             rotations.append(rot)
-        return torch.stack(positions, 1), torch.stack(rotations, 1), torch.stack(cdof, 1)
+        return torch.stack(positions), torch.stack(rotations), torch.stack(ang), torch.stack(lin)
 
-    def _spatial_inertia(self, pos: Tensor, rot: Tensor, c: dict) -> Tensor:
-        """Each body's 6x6 spatial inertia about the world origin, world axes (B, nbody, 6, 6)."""
-        com = pos + (rot @ c["body_ipos"][..., None]).squeeze(-1)
-        irot = rot @ c["body_irot"]
-        inertia_com = (irot * c["inertia"][:, None, :]) @ irot.transpose(-1, -2)
+    def _body_inertia(self, pos: Tensor, rot: Tensor, c: dict) -> tuple[Tensor, Tensor]:
+        """Each body's first moment h = m·com (nbody, B, 3) and rotational inertia about the world origin I_O
+        (nbody, B, 3, 3); with the mass these are its spatial inertia [[I_O, [h]×], [−[h]×, m]] (Featherstone 2.62)."""
+        com = pos + (rot @ c["body_ipos"][:, None, :, None]).squeeze(-1)
+        irot = rot @ c["body_irot"][:, None]
+        inertia_com = _matmul3(irot * c["inertia"][:, None, None, :], irot.transpose(-1, -2))
         m = c["mass"][:, None, None]
-        x, y, z = com.unbind(-1)
-        zero = torch.zeros_like(x)
-        skew = torch.stack((zero, -z, y, z, zero, -x, -y, x, zero), -1).reshape(*com.shape, 3)
         eye = torch.eye(3, dtype=pos.dtype, device=pos.device)
-        top = torch.cat((inertia_com - m * (skew @ skew), m * skew), -1)
-        bottom = torch.cat((-m * skew, m * eye.expand_as(skew)), -1)
-        return torch.cat((top, bottom), -2)
+        parallel = m[..., None] * ((com * com).sum(-1)[..., None, None] * eye - com[..., :, None] * com[..., None, :])
+        return m * com, inertia_com + parallel
+
+    def _apply_inertia(self, mass: Tensor, first: Tensor, rotational: Tensor, w: Tensor, v: Tensor) -> tuple[Tensor,
+                                                                                                          Tensor]:
+        """Spatial inertia times the motion (w, v): moment I_O w + h × v and force m v − h × w."""
+        moment = (rotational * w[..., None, :]).sum(-1) + _cross(first, v)
+        return moment, mass[..., None] * v - _cross(first, w)
+
+    @staticmethod
+    def _tree_sum(matrix: Tensor, x: Tensor) -> Tensor:
+        """``matrix`` (n, k) applied along the leading axis of x (k, ...): one matrix product."""
+        return (matrix @ x.reshape(x.shape[0], -1)).reshape(matrix.shape[0], *x.shape[1:])
 
     def mass_matrix(self, qpos: Tensor) -> Tensor:
         """M(q) (B, nv, nv), armature included (``mj_fullM`` after ``mj_crb``)."""
         c = self._constants(qpos.device, qpos.dtype)
-        pos, rot, cdof = self._kinematics(qpos, c)
-        return self._crba(self._spatial_inertia(pos, rot, c), cdof, c)
+        pos, rot, ang, lin = self._kinematics(qpos, c)
+        return self._crba(*self._body_inertia(pos, rot, c), ang, lin, c)
 
-    def _crba(self, inertia: Tensor, cdof: Tensor, c: dict) -> Tensor:
-        composite = torch.einsum("cb,nbij->ncij", c["subtree"], inertia)
-        force = (composite[:, c["dof_body"]] @ cdof[..., None]).squeeze(-1)  # I^c_{body(i)} s_i  (B, nv, 6)
-        cross = force @ cdof.transpose(-1, -2)  # [i, j] = s_j · I^c_{body(i)} s_i
+    def _crba(self, first: Tensor, rotational: Tensor, ang: Tensor, lin: Tensor, c: dict) -> Tensor:
+        """Composite inertias are subtree sums (one common frame); M[i, j] = s_j · I^c_{body(i)} s_i on tree paths."""
+        composite = self._tree_sum(c["subtree"], torch.cat((first, rotational.reshape(*first.shape[:2], 9)), -1))
+        composite = composite[c["dof_body"]]
+        shape = composite.shape[:2]
+        moment, force = self._apply_inertia(c["composite_mass"][:, None], composite[..., :3],
+                                            composite[..., 3:].reshape(*shape, 3, 3), ang, lin)
+        # [b, i, j] = I^c_{body(i)} s_i · s_j
+        cross = torch.cat((moment, force), -1).permute(1, 0, 2) @ torch.cat((ang, lin), -1).permute(1, 2, 0)
         lower = cross * c["lower"]
         full = lower + lower.transpose(-1, -2) - cross * c["same"]
-        return full + torch.diag_embed(c["armature"].expand(cdof.shape[0], -1))
+        return full + torch.diag_embed(c["armature"].expand(ang.shape[1], -1))
 
     def terms(self, qpos: Tensor, qvel: Tensor, ctrl: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         """M (B, nv, nv), qfrc_bias, qfrc_passive, qfrc_actuator (B, nv) at a batch of states and controls."""
         c = self._constants(qpos.device, qpos.dtype)
-        pos, rot, cdof = self._kinematics(qpos, c)
-        inertia = self._spatial_inertia(pos, rot, c)
-        mass = self._crba(inertia, cdof, c)
-        return mass, self._rnea(inertia, cdof, qvel, c), self._passive(qpos, qvel, c), self._actuator(qpos, qvel,
-                                                                                                       ctrl, c)
+        pos, rot, ang, lin = self._kinematics(qpos, c)
+        first, rotational = self._body_inertia(pos, rot, c)
+        mass = self._crba(first, rotational, ang, lin, c)
+        bias = self._rnea(first, rotational, ang, lin, qvel, c)
+        return mass, bias, self._passive(qpos, qvel, c), self._actuator(qpos, qvel, ctrl, c)
 
-    def _rnea(self, inertia: Tensor, cdof: Tensor, qvel: Tensor, c: dict) -> Tensor:
+    def _rnea(self, first: Tensor, rotational: Tensor, ang: Tensor, lin: Tensor, qvel: Tensor, c: dict) -> Tensor:
         """qfrc_bias = RNEA(q, q̇, q̈ = 0) with gravity as a root acceleration (``mj_rne`` with flg_acc = 0)."""
-        motion = cdof * qvel[..., None]  # s_k q̇_k (B, nv, 6)
-        velocity = torch.einsum("bk,nkj->nbj", c["dof_moves"], motion)  # body velocities (B, nbody, 6)
-        seen = torch.einsum("ik,nkj->nij", c["pre"], motion)  # velocity ṡ_i is taken with
-        dot = _cross_motion(seen, motion) * c["keep_dot"][:, None]  # ṡ_i q̇_i
-        accel = torch.einsum("bk,nkj->nbj", c["dof_moves"], dot)
+        rate = qvel.t()[..., None]
+        motion = torch.cat((ang * rate, lin * rate), -1)  # s_k q̇_k (nv, B, 6)
+        velocity = self._tree_sum(c["dof_moves"], motion)  # body velocities (nbody, B, 6)
+        seen = self._tree_sum(c["pre"], motion)  # the velocity dof i's ṡ_i is taken with
+        w, v = seen[..., :3], seen[..., 3:]
+        mw, mv = motion[..., :3], motion[..., 3:]
+        keep = c["keep_dot"][:, None, None]
+        dot = torch.cat((_cross(w, mw) * keep, (_cross(w, mv) + _cross(v, mw)) * keep), -1)  # ṡ_i q̇_i
+        accel = self._tree_sum(c["dof_moves"], dot)
+        mass = c["mass"][:, None]
         if self.gravity_on:
             accel = accel + c["gravity"]
-        momentum = (inertia @ velocity[..., None]).squeeze(-1)
-        body_force = (inertia @ accel[..., None]).squeeze(-1) + _cross_force(velocity, momentum)
-        subtree_force = torch.einsum("cb,nbj->ncj", c["subtree"], body_force)
-        return (cdof * subtree_force[:, c["dof_body"]]).sum(-1)
+        bw, bv = velocity[..., :3], velocity[..., 3:]
+        hw, hv = self._apply_inertia(mass, first, rotational, bw, bv)  # momentum
+        fw, fv = self._apply_inertia(mass, first, rotational, accel[..., :3], accel[..., 3:])
+        body_force = torch.cat((fw + _cross(bw, hw) + _cross(bv, hv), fv + _cross(bw, hv)), -1)
+        subtree_force = self._tree_sum(c["subtree"], body_force)[c["dof_body"]]
+        return (ang * subtree_force[..., :3] + lin * subtree_force[..., 3:]).sum(-1).t()
 
     def _passive(self, qpos: Tensor, qvel: Tensor, c: dict) -> Tensor:
         passive = -c["damping"] * qvel if self.dampers_on else torch.zeros_like(qvel)
