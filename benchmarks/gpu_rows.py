@@ -14,6 +14,7 @@ Only torch, transformers and tokenizers are imported (a lent GPU machine has the
   ``LOGPROB_CHUNK_ROWS x vocab`` fp32 (on CUDA, also the peak allocation beyond the logits).
 - ``vidd_stage0_and_sampler``: VIDD's stage 0 (MDLM pretraining) and its ancestral sampler on the device, the
   generator on the CPU as VIDD keeps it.
+- ``physics_prior``: LIFT's batched rigid-body prior on the device equals its CPU float64 result (needs MuJoCo).
 - ``resume_to_cpu``: the AttnRL learner's checkpoint (weights and Adam moments, as ``Learner.state`` writes it) saved
   from the device, read on the CPU the way ``experiments.attnrl.ranks.saved_state`` reads it, and trained on there.
 """
@@ -376,6 +377,37 @@ def vidd_stage0_and_sampler(device: str, steps: int = 200, vocab: int = 32, leng
     return _row("vidd stage 0 + sampler", check)
 
 
+# ----------------------------------------------------------------------------------------------------- LIFT
+
+def physics_prior(device: str, batch: int = 512) -> Row:
+    """LIFT's batched rigid-body prior (``envs.control.rigid_body``, issue 41) on the device equals its CPU float64
+    result on random states of a model with free, ball, slide and hinge joints (tests/test_rigid_body.py's), in
+    float64 (1e-9 relative) and float32 (1e-3). Needs MuJoCo to build the model: without it the row says it skipped
+    and passes (it has nothing to check)."""
+    def check():
+        try:  # MuJoCo (and the test module's gymnasium, pytest) build the model and the states
+            import mujoco
+
+            from envs.control.rigid_body import RigidBodyDynamics
+            from tests.test_rigid_body import HAND_XML, random_states
+        except ImportError as err:
+            return True, f"skipped: {err} (MuJoCo builds the model)"
+        model = mujoco.MjModel.from_xml_string(HAND_XML)
+        dynamics = RigidBodyDynamics(model)
+        states = [torch.from_numpy(x) for x in random_states(model, batch, seed=0)]
+        reference = dynamics.terms(*states)
+        errors = {}
+        for dtype, tol in ((torch.float64, 1e-9), (torch.float32, 1e-3)):
+            got = dynamics.terms(*(x.to(device, dtype) for x in states))
+            on_device = all(g.device.type == torch.device(device).type and g.dtype == dtype for g in got)
+            errors[dtype] = (on_device, max(float((g.double().cpu() - r).abs().max() / r.abs().max().clamp_min(1e-9))
+                                            for g, r in zip(got, reference)), tol)
+        ok = all(on and err < tol for on, err, tol in errors.values())
+        return ok, "; ".join(f"{str(d).split('.')[-1]} on {device} {on}, max rel. error vs cpu fp64 {err:.1e} "
+                             f"(< {tol:g})" for d, (on, err, tol) in errors.items())
+    return _row("lift physics prior", check)
+
+
 def run(device: str, workdir: Path, world: int = 2) -> list[Row]:
     """Every row, in order, each printed as it ends."""
     rows: list[Row] = []
@@ -393,4 +425,5 @@ def run(device: str, workdir: Path, world: int = 2) -> list[Row]:
     emit([vidd_stage0_and_sampler(device, **({"steps": 300} if device.startswith("cuda") else
                                              {"steps": 30, "vocab": 16, "length": 16, "samples": 32, "d_model": 32,
                                               "bf16": False}))])  # a rehearsal: the same numbers on every CPU
+    emit([physics_prior(device)])
     return rows
