@@ -238,7 +238,7 @@ class MujocoPrior:
                 qpos, qvel, action = qpos.detach(), qvel.detach(), action.detach().to(qpos.dtype)
                 mass, bias, passive, actuator = self.dynamics.terms(qpos, qvel.to(qpos.dtype), action)
                 damping = torch.as_tensor(self._damping_diag, dtype=qpos.dtype, device=qpos.device)
-                factor = torch.linalg.cholesky(mass + torch.diag_embed(damping.expand(mass.shape[0], -1)))
+                factor = torch.linalg.cholesky(mass + torch.diag(damping))
                 return torch.cholesky_inverse(factor), actuator + passive - bias
         mass, bias, actuator, passive = self.numpy_terms(
             qpos.detach().cpu().double().numpy(), qvel.detach().cpu().double().numpy(),
