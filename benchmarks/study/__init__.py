@@ -13,6 +13,7 @@ STUDIES: dict[str, str] = {
     "lift_official": "benchmarks.study.lift_official:STUDY",
     "vidd_molecule": "benchmarks.study.vidd_molecule:STUDY",
     "vidd_dna": "benchmarks.study.vidd_dna:STUDY",
+    "vidd_budget": "benchmarks.study.vidd_budget:STUDY",
     "attnrl": "benchmarks.study.attnrl:STUDY",
     "attnrl_units": "benchmarks.study.attnrl_units:STUDY",
     "ecit": "benchmarks.study.ecit:STUDY",

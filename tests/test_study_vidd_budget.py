@@ -1,0 +1,130 @@
+"""The vidd_budget study (benchmarks/study/vidd_budget.py; issue 37): a valid plan within its core-hours, the primary and
+predictions named in code, the tuning rule over lr x alpha, refusal without tuning records, a tiny unit that records
+the diagnostics, and the report on synthetic records."""
+from __future__ import annotations
+
+import importlib
+
+import numpy as np
+import pytest
+import torch
+
+from benchmarks.study import STUDIES
+from benchmarks.study.core import REPORTED_SEEDS, StudyError
+from benchmarks.study.runner import run_unit_inline
+from benchmarks.study import vidd_budget as vb
+
+torch.set_num_threads(1)
+
+TINY = dict(n_train=300, n_heldout=50, d_model=32, n_layers=1, n_heads=2, pretrain_steps=30, T=4, budget=320,
+            tune_budget=160, batch_size=4, ddpo_steps=2, eval_samples=32, curve_samples=16, best_of_n_max=4,
+            min_refreshes=2, seq_len=40)
+
+
+def test_plan_is_registered_valid_and_within_budget():
+    assert STUDIES["vidd_budget"] == "benchmarks.study.vidd_budget:STUDY"
+    plan = vb.STUDY.plan()
+    names = {u.name for u in plan}
+    assert len(names) == len(plan)
+    assert vb.PRIMARY == "vidd_official" and vb.PRIMARY in vb.METHODS and len(vb.PREDICTIONS) >= 3
+    assert {"vidd_official", "vidd_alg1", "standard_ft_official", "ddpo", "rw_mle", "ddpp"} == set(vb.METHODS)
+    for method in vb.METHODS:
+        tune = [u for u in plan if u.role == "tune" and u.method == method]
+        assert {u.seed for u in tune} == set(vb.TUNE_SEEDS) and len(vb.TUNE_SEEDS) == 2
+        cells = sorted((u.setting["lr"], u.setting["alpha"] or 0) for u in tune)
+        assert len(cells) == len(vb.grid_of(method)) * 2
+        for seed in REPORTED_SEEDS:
+            (rep,) = [u for u in plan if u.name == f"{method}-s{seed}"]
+            assert {u.name for u in tune} <= set(rep.after)
+    for u in plan:
+        assert set(u.after) <= names
+        mod, fn = u.fn.split(":")
+        assert callable(getattr(importlib.import_module(mod), fn))
+    assert all(u.est_core_s <= 20 * 60 for u in plan if u.role != "stage")
+    total_h = sum(u.est_core_s for u in plan) / 3600
+    assert 2.0 <= total_h <= 4.6, total_h
+    # the evaluation points are 2k, 4k, 8k and 16k queries
+    assert [int(f * vb.SIZES["budget"]) for f in vb.FRACTIONS] == [2048, 4096, 8192, 16384]
+
+
+def test_official_defaults_in_every_method_config():
+    for method in vb.METHODS:
+        lr, alpha = vb.grid_of(method)[0]
+        cfg = vb.method_config(None, method, lr, alpha, 2048)
+        assert cfg.updates_per_batch == 1 and not cfg.self_normalize_weights and not cfg.exact_teacher_term
+        assert cfg.lr == lr and cfg.query_budget == 2048
+    official = vb.method_config(None, "vidd_official", 1e-4, 0.1, 2048)
+    assert official.value_scheme == "official" and official.timesteps_per_trajectory is None and official.alpha == 0.1
+    assert vb.method_config(None, "vidd_alg1", 1e-4, 0.1, 2048).value_model == "teacher"
+
+
+def test_tuning_rule_and_refusal():
+    cells = {(1e-4, 0.1): dict(reward_median=0.3, nll=100.0, validity=1.0, uniqueness=1.0),
+             (1e-3, 0.1): dict(reward_median=0.5, nll=200.0, validity=1.0, uniqueness=1.0),
+             (1e-3, 0.03): dict(reward_median=0.4, nll=110.0, validity=1.0, uniqueness=1.0)}
+    assert vb.select_cell(cells, ceiling=125.0) == ((1e-3, 0.03), True)
+    assert vb.select_cell(cells, ceiling=50.0) == ((1e-4, 0.1), False)
+    with pytest.raises(StudyError, match="no tuning record"):
+        vb.tuning_cells("vidd_official", {})
+
+
+def synthetic_records(gain: float, drop: set[str] = frozenset()) -> list[dict]:
+    rng = np.random.default_rng(0)
+    out = [{"unit": "pretrain", "role": "stage", "metrics": {"pretrained": {"nll": 100.0, "reward_median": 0.05}}}]
+    for u in vb.STUDY.plan():
+        if u.role != "report" or u.name in drop:
+            continue
+        if u.method == "best_of_n":
+            pts = [{"N": n, "reward_median": 0.05 + 0.01 * np.log2(n)} for n in (1, 2, 4, 8, 16, 32, 64)]
+            out.append({"unit": u.name, "role": "report", "metrics": {"n_samples": 128}, "points": pts})
+            continue
+        base = 0.1 + (gain if u.method == vb.PRIMARY else 0.0)
+        curve = [base * f + rng.normal(0, 0.002) for f in (1, 2, 3, 4)]
+        out.append({"unit": u.name, "role": "report", "config": {"query_budget": 16384},
+                    "metrics": {"nll": 90.0 + rng.normal(0, 0.5)},
+                    "curves": {"queries": [2048, 4096, 8192, 16384], "reward_median": curve},
+                    "diagnostics": {"transitions_per_iteration": 250.0, "transitions_per_refresh": 1250.0,
+                                    "weight_ess": 40.0, "weight_ess_fraction": 0.16, "weight_abs_dev_mean": 0.7,
+                                    "group_size_min": 14.0},
+                    "tuning": {"chosen": {"lr": 1e-4, "alpha": 0.1}, "qualified": True}})
+    return out
+
+
+def test_report_on_synthetic_records(tmp_path):
+    text = vb.report(synthetic_records(0.05), tmp_path)
+    assert text.startswith("## ") and "35/35 reported units" in text and "Partial" not in text
+    assert "| vidd_official (primary) |" in text and "reward @2048" in text and "reward @16384" in text
+    assert "(N=16)" in text and "(N=128 cut)" in text  # best-of-N at equal queries per output sample
+    assert "| vidd_official | 250.00 | 1250.00 | 40.00 |" in text
+    reading = text.split("### Reading")[1]
+    # the primary is ahead of DDPO by 0.05 x the evaluation point's factor: a positive interval at 16k
+    line = next(ln for ln in reading.splitlines() if "- ddpo" in ln)
+    assert "16384: +0.2" in line, line
+    assert "P1:" in text and "Gate:" in text
+    partial = vb.report(synthetic_records(0.0, drop={"ddpo-s12"}), tmp_path)
+    assert "34/35" in partial and "Partial" in partial and "### Reading" not in partial
+
+
+@pytest.mark.slow
+def test_tiny_units_record_diagnostics(tmp_path):
+    assert run_unit_inline("vidd_budget", "pretrain", tmp_path, overrides=TINY) is not None
+    rec = run_unit_inline("vidd_budget", "tune-vidd_official-lr0.001-a0.1-s100", tmp_path, overrides=TINY)
+    m, d = rec["metrics"], rec["diagnostics"]
+    assert m["queries"] <= TINY["tune_budget"] and m["lr"] == 1e-3 and m["alpha"] == 0.1
+    assert rec["config"]["value_scheme"] == "official" and rec["config"]["timesteps_per_trajectory"] is None
+    assert d["transitions_per_iteration"] > TINY["batch_size"] and d["transitions_per_refresh"] > 0
+    assert 0 < d["weight_ess_fraction"] <= 1 and d["weight_abs_dev_mean"] >= 0 and d["group_size_min"] >= 1
+    with pytest.raises(StudyError, match="no record yet"):  # a reported unit waits for its tuning records
+        run_unit_inline("vidd_budget", "vidd_official-s10", tmp_path, overrides=TINY)
+    for lr, alpha in vb.grid_of("vidd_official"):
+        for seed in vb.TUNE_SEEDS:
+            name = vb.tune_name("vidd_official", lr, alpha, seed)
+            if name != "tune-vidd_official-lr0.001-a0.1-s100":
+                assert run_unit_inline("vidd_budget", name, tmp_path, overrides=TINY) is not None
+    rec = run_unit_inline("vidd_budget", "vidd_official-s10", tmp_path, overrides=TINY)
+    chosen = rec["tuning"]["chosen"]
+    assert (rec["metrics"]["lr"], rec["metrics"]["alpha"]) == (chosen["lr"], chosen["alpha"])
+    assert len(rec["tuning"]["grid"]) == 4
+    # evaluated at 1/8, 1/4, 1/2 of the budget and at its end
+    assert len(rec["curves"]["queries"]) == 4 and rec["curves"]["queries"][-1] == rec["metrics"]["queries"]
+    assert rec["metrics"]["teacher_refreshes"] >= TINY["min_refreshes"]
