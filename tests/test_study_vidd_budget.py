@@ -128,3 +128,29 @@ def test_tiny_units_record_diagnostics(tmp_path):
     # evaluated at 1/8, 1/4, 1/2 of the budget and at its end
     assert len(rec["curves"]["queries"]) == 4 and rec["curves"]["queries"][-1] == rec["metrics"]["queries"]
     assert rec["metrics"]["teacher_refreshes"] >= TINY["min_refreshes"]
+
+
+def test_molecule_check_plan_and_report(tmp_path):
+    from benchmarks.study import vidd_budget_molecule as vm
+    assert STUDIES["vidd_budget_molecule"] == "benchmarks.study.vidd_budget_molecule:STUDY"
+    plan = vm.STUDY.plan()
+    assert {u.name for u in plan if u.role == "report"} == {f"{m}-s{s}" for m in (vb.PRIMARY, "ddpo")
+                                                             for s in vm.SEEDS}
+    assert sum(u.est_core_s for u in plan) / 3600 <= 0.2
+    assert all("lr" in u.setting for u in plan if u.role == "report")  # fixed before any unit: no tuning
+    recs = [{"unit": "pretrain", "metrics": {"pretrained": {"reward_median": 0.5, "nll": 40.0}}}]
+    for u in plan[1:]:
+        top = 0.7 if u.method == "ddpo" else 0.6
+        recs.append({"unit": u.name, "metrics": {"nll": 41.0}, "curves": {"reward_median": [0.5, 0.55, 0.58, top]}})
+    text = vm.report(recs, tmp_path)
+    assert "4/4 units" in text and "| vidd_official | 10 | 0.500 | 0.550 | 0.580 | 0.600 | 41.0 |" in text
+    assert "DDPO - vidd_official in median QED at 16384: +0.100" in text
+
+
+@pytest.mark.slow
+def test_molecule_check_unit_runs_without_tuning(tmp_path):
+    tiny = {**TINY, "seq_len": 24}
+    assert run_unit_inline("vidd_budget_molecule", "pretrain", tmp_path, overrides=tiny) is not None
+    rec = run_unit_inline("vidd_budget_molecule", "vidd_official-s10", tmp_path, overrides=tiny)
+    assert rec["tuning"]["fixed"] and rec["metrics"]["lr"] == 1e-4 and len(rec["curves"]["reward_median"]) == 4
+    assert rec["config"]["value_scheme"] == "official" and rec["diagnostics"]["transitions_per_iteration"] > 0

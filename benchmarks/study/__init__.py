@@ -14,6 +14,7 @@ STUDIES: dict[str, str] = {
     "vidd_molecule": "benchmarks.study.vidd_molecule:STUDY",
     "vidd_dna": "benchmarks.study.vidd_dna:STUDY",
     "vidd_budget": "benchmarks.study.vidd_budget:STUDY",
+    "vidd_budget_molecule": "benchmarks.study.vidd_budget_molecule:STUDY",
     "attnrl": "benchmarks.study.attnrl:STUDY",
     "attnrl_units": "benchmarks.study.attnrl_units:STUDY",
     "ecit": "benchmarks.study.ecit:STUDY",

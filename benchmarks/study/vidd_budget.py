@@ -110,14 +110,17 @@ def tune_name(method: str, lr: float, alpha: float | None, seed: int) -> str:
     return f"tune-{method}-lr{name_of(lr)}" + ("" if alpha is None else f"-a{name_of(alpha)}") + f"-s{seed}"
 
 
-def method_config(ctx: UnitContext | None, method: str, lr: float, alpha: float | None, budget: int):
+def method_config(ctx: UnitContext | None, method: str, lr: float, alpha: float | None, budget: int,
+                  spec: TaskSpec | None = None):
+    """The VIDDConfig of ``method`` at one grid cell and budget (``spec``: this study's unless given)."""
+    spec = spec or SPEC
     algo, overrides, steps, _ = METHODS[method]
-    size = lambda key: SPEC.size(ctx, key)  # noqa: E731
+    size = lambda key: spec.size(ctx, key)  # noqa: E731
     k = {"all": None, "ddpo": size("ddpo_steps"), "one": 1}[steps]
     fields = {**BASE, **overrides, "lr": lr, "timesteps_per_trajectory": k, "query_budget": budget}
     if alpha is not None:
         fields["alpha"] = alpha
-    return dataclasses.replace(experiment_config(SPEC, ctx), **fields)
+    return dataclasses.replace(experiment_config(spec, ctx), **fields)
 
 
 def unit_cost(method: str, budget: int, n_evals: int) -> float:
@@ -199,25 +202,32 @@ def diagnostics(history: list[dict]) -> dict:
 
 
 def budget_unit(ctx: UnitContext) -> dict:
-    """One (method, cell, seed): fine-tune to the budget; reported units evaluate at each of :data:`FRACTIONS`."""
+    """One (method, cell, seed): fine-tune to the budget; reported units evaluate at each of :data:`FRACTIONS`. A
+    unit whose setting fixes ``lr`` (the molecule check, ``vidd_budget_molecule``) runs it without tuning records."""
     from algos.vidd.finetune import finetune
+    from benchmarks.study.vidd_common import spec_of
+    spec = spec_of(ctx.study)
     method = ctx.setting["method"]
     tuning = None
-    if ctx.unit.role == "tune":
+    if ctx.unit.role == "report" and "lr" in ctx.setting:
         lr, alpha = float(ctx.setting["lr"]), ctx.setting["alpha"]
-        budget = int(SPEC.size(ctx, "tune_budget"))
+        tuning = {"qualified": None, "chosen": {"lr": lr, "alpha": alpha}, "grid": {}, "fixed": True}
+        budget = int(spec.size(ctx, "budget"))
+    elif ctx.unit.role == "tune":
+        lr, alpha = float(ctx.setting["lr"]), ctx.setting["alpha"]
+        budget = int(spec.size(ctx, "tune_budget"))
     else:
         records = ctx.records()
         cells = tuning_cells(method, records)
-        (lr, alpha), qualified = select_cell(cells, nll_ceiling(SPEC, records))
+        (lr, alpha), qualified = select_cell(cells, nll_ceiling(spec, records))
         tuning = {"qualified": qualified, "chosen": {"lr": lr, "alpha": alpha},
                   "grid": {f"lr{name_of(c[0])}" + ("" if c[1] is None else f"-a{name_of(c[1])}"): v
                            for c, v in cells.items()}}
-        budget = int(SPEC.size(ctx, "budget"))
-    task = Task(SPEC, ctx)
-    cfg = method_config(ctx, method, lr, alpha, budget)
+        budget = int(spec.size(ctx, "budget"))
+    task = Task(spec, ctx)
+    cfg = method_config(ctx, method, lr, alpha, budget, spec)
     milestones = [] if tuning is None else [int(f * budget) for f in FRACTIONS[:-1]]
-    n_curve, n_eval = SPEC.size(ctx, "curve_samples"), SPEC.size(ctx, "eval_samples")
+    n_curve, n_eval = spec.size(ctx, "curve_samples"), spec.size(ctx, "eval_samples")
     points: list[dict] = []
 
     def eval_fn(model) -> dict:
@@ -235,14 +245,14 @@ def budget_unit(ctx: UnitContext) -> dict:
     train_s = time.perf_counter() - t0
     final = task.evaluate(result.model, ctx.seed, n_eval, stream=0)
     refreshes = sum(1 for h in result.history if h.get("teacher_refreshed"))
-    if method in VIDD_FAMILY and tuning is not None and refreshes < SPEC.size(ctx, "min_refreshes"):
-        raise StudyError(f"{STUDY_NAME}/{ctx.unit.name}: {refreshes} teacher refreshes, fewer than "
-                         f"{SPEC.size(ctx, 'min_refreshes')}: not reported")
+    if method in VIDD_FAMILY and tuning is not None and refreshes < spec.size(ctx, "min_refreshes"):
+        raise StudyError(f"{ctx.study}/{ctx.unit.name}: {refreshes} teacher refreshes, fewer than "
+                         f"{spec.size(ctx, 'min_refreshes')}: not reported")
     if result.reward_queries > budget:
-        raise StudyError(f"{STUDY_NAME}/{ctx.unit.name}: {result.reward_queries} queries exceed the budget {budget}")
+        raise StudyError(f"{ctx.study}/{ctx.unit.name}: {result.reward_queries} queries exceed the budget {budget}")
     curves = {"queries": [p["reward_queries"] for p in points] + [result.reward_queries],
               **{k: [p[f"eval/{k}"] for p in points] + [final[k]]
-                 for k in ("reward_median", "nll", "eval_reward_median")}}
+                 for k in ("reward_median", "nll", "eval_reward_median") if k in final}}
     metrics = {**final, "queries": result.reward_queries, "iterations": result.iterations,
                "teacher_refreshes": refreshes, "trajectories": result.trajectories, "lr": lr,
                "alpha": alpha, "train_s": train_s}

@@ -1,0 +1,81 @@
+"""Does the issue-37 fix carry over to molecules? The primary of ``vidd_budget`` and DDPO on 2 seeds at 16k queries.
+
+    nice -n 19 python -m benchmarks.study vidd_budget_molecule run &
+    python -m benchmarks.study vidd_budget_molecule report
+
+A check, not a comparison: the task, denoiser recipe and evaluation of ``vidd_molecule`` (QED on MOSES molecules) with
+the official defaults of ``vidd_budget`` (``METHODS`` there: every reverse step distilled, batch-wide weights, one Adam
+step per batch, ``value_scheme="official"``), no tuning: both methods run at the official DNA script's lr 1e-4
+(``algos/vidd/README.md``) and VIDD at alpha 0.1 (vidd_molecule's alpha), declared here before any unit ran. Seeds 10
+and 11; evaluations at 2k, 4k, 8k and 16k queries (:data:`benchmarks.study.vidd_budget.FRACTIONS`).
+
+Cost (~0.16 core-h): vidd_molecule's measured rates (vidd_alg1 12 core-s, DDPO 42 core-s per 4096 queries, batch 16)
+scaled to 16k and rounded up; pretrain 84 core-s (vidd_molecule's stage).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from benchmarks.study.core import Study, Unit
+from benchmarks.study.vidd_budget import FRACTIONS, PRIMARY
+from benchmarks.study.vidd_common import BUNDLE, TaskSpec
+
+STUDY_NAME = "vidd_budget_molecule"
+SEEDS = (10, 11)
+FIXED = {PRIMARY: (1e-4, 0.1), "ddpo": (1e-4, None)}  # (lr, alpha), declared before any unit ran
+PREDICTIONS = ("M1: vidd_official's median QED at 16k is above the pretrained model's on both seeds.",
+               "M2: at 16k DDPO's median QED is higher and vidd_official's NLL lower.")
+SIZES = dict(seq_len=40, n_train=10_000, n_heldout=500, d_model=64, n_layers=2, n_heads=4, pretrain_steps=1500,
+             pretrain_batch_size=64, pretrain_lr=2e-3, pretrain_warmup=50, stage_steps_per_call=None,
+             stage_margin_s=120.0, T=8, budget=16384, tune_budget=4096, batch_size=8, ddpo_steps=None,
+             eval_samples=256, curve_samples=64, best_of_n_max=32, min_refreshes=10)
+COST_S = {"pretrain": 84.0, PRIMARY: 70.0, "ddpo": 180.0}
+SPEC = TaskSpec(study=STUDY_NAME, title="molecules (QED), 16k oracle queries: does the fix carry over",
+                task="molecule", reward="qed", reward_name="QED (MOSES molecules, RDKit)", sizes=SIZES,
+                variants=tuple(FIXED), cost_s=COST_S)
+
+
+def build_units() -> list[Unit]:
+    plan = [Unit("pretrain", "stage", "pretrain", None, "benchmarks.study.vidd_common:pretrain_stage",
+                 est_core_s=COST_S["pretrain"])]
+    for seed in SEEDS:
+        for method, (lr, alpha) in FIXED.items():
+            plan.append(Unit(f"{method}-s{seed}", "report", method, seed, "benchmarks.study.vidd_budget:budget_unit",
+                             setting={"method": method, "lr": lr, "alpha": alpha}, after=("pretrain",),
+                             est_core_s=COST_S[method]))
+    return plan
+
+
+STUDY = Study(name=STUDY_NAME, title=SPEC.title, units=build_units,
+              start_files=lambda artifacts: [Path(artifacts) / BUNDLE],
+              report=f"benchmarks.study.{STUDY_NAME}:report")
+
+
+def report(records: list[dict], out_dir: Path) -> str:
+    """Median QED and NLL per method at each evaluation point, per seed (two seeds: no intervals)."""
+    by_unit = {r["unit"]: r for r in records}
+    reported = [u for u in build_units() if u.role == "report"]
+    n_done = sum(u.name in by_unit for u in reported)
+    points = [int(f * SIZES["budget"]) for f in FRACTIONS]
+    pre = by_unit.get("pretrain", {}).get("metrics", {}).get("pretrained")
+    lines = [f"## VIDD fix on molecules: {PRIMARY} and DDPO at 16k queries (`benchmarks/study/{STUDY_NAME}.py`)", "",
+             f"**Status: {n_done}/{len(reported)} units recorded.** Fixed settings (no tuning): "
+             + ", ".join(f"{m} lr {lr:g}" + ("" if a is None else f" alpha {a:g}") for m, (lr, a) in FIXED.items())
+             + ". Predictions (declared before any seed): " + " ".join(PREDICTIONS), "",
+             (f"Pretrained model: median QED {pre['reward_median']:.3f}, NLL {pre['nll']:.1f}." if pre else ""), ""]
+    lines += ["| method | seed | " + " | ".join(f"QED @{q}" for q in points) + f" | NLL @{points[-1]} |",
+              "|" + "---|" * (len(points) + 3)]
+    for method in FIXED:
+        for seed in SEEDS:
+            rec = by_unit.get(f"{method}-s{seed}")
+            if rec is None:
+                continue
+            vals = [f"{v:.3f}" for v in rec["curves"]["reward_median"]]
+            lines.append(f"| {method} | {seed} | " + " | ".join(vals) + f" | {rec['metrics']['nll']:.1f} |")
+    if n_done == len(reported):
+        gap = [np.mean([by_unit[f"ddpo-s{s}"]["curves"]["reward_median"][-1]
+                        - by_unit[f"{PRIMARY}-s{s}"]["curves"]["reward_median"][-1] for s in SEEDS])]
+        lines += ["", f"DDPO - {PRIMARY} in median QED at {points[-1]}: {gap[0]:+.3f} (mean of {len(SEEDS)} seeds)."]
+    return "\n".join(lines).rstrip() + "\n"
