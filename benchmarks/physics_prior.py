@@ -138,9 +138,10 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit("thread CPU time needs --threads 1; use --wall with more threads")
     torch.manual_seed(0)
     env = gym.make(args.task)
-    prior, loop = MujocoPrior.from_env(env), MujocoPrior.from_env(env, backend="mujoco")
-    rows = prior_rows(prior, loop, args.batches, args.repeats)
-    step = step_row(env, prior, loop, args.step_batch, args.repeats)
+    # the prior rows compute in the states' dtype (fp64 and fp32 rows); the model step uses the default (fp64 inside)
+    loop = MujocoPrior.from_env(env, backend="mujoco")
+    rows = prior_rows(MujocoPrior.from_env(env, compute_dtype=None), loop, args.batches, args.repeats)
+    step = step_row(env, MujocoPrior.from_env(env), loop, args.step_batch, args.repeats)
     print(table(args.task, rows, step, args.threads))
     return 0
 

@@ -143,6 +143,20 @@ def test_prior_backends_agree(name):
         MujocoPrior(model, frame_skip=1, backend="warp")
 
 
+def test_prior_computes_in_float64_for_float32_states_unless_asked():
+    """fp32 states get the fp64 terms rounded to fp32 by default (as the MuJoCo loop gives them), and the fp32
+    computation only when ``compute_dtype=None`` asks for it."""
+    model = _model("Humanoid-v5")
+    qpos, qvel, ctrl = (torch.from_numpy(x).float().double() for x in random_states(model, 64, seed=4))
+    exact = MujocoPrior(model, frame_skip=5).terms(qpos, qvel, ctrl)
+    default = MujocoPrior(model, frame_skip=5).terms(qpos.float(), qvel.float(), ctrl.float())
+    fast = MujocoPrior(model, frame_skip=5, compute_dtype=None).terms(qpos.float(), qvel.float(), ctrl.float())
+    for d, f, e in zip(default, fast, exact):
+        assert d.dtype == f.dtype == torch.float32
+        assert torch.equal(d, e.float())
+        assert not torch.equal(f, e.float())
+
+
 def test_gpu_check_row_passes_on_cpu():
     from benchmarks import gpu_rows
     row = gpu_rows.physics_prior("cpu", batch=64)

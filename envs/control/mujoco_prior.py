@@ -184,12 +184,15 @@ class MujocoPrior:
     """
 
     def __init__(self, model: mujoco.MjModel, frame_skip: int, translation_qpos: tuple[int, ...] = (),
-                 backend: str = "torch") -> None:
+                 backend: str = "torch", compute_dtype: torch.dtype | None = torch.float64) -> None:
         if frame_skip < 1:
             raise ValueError(f"frame_skip must be >= 1, got {frame_skip}")
         if backend not in BACKENDS:
             raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
         self.backend = backend
+        # float64 by default, as MuJoCo computes: (M + hD) of a humanoid spans light feet and a heavy torso, and a
+        # float32 Cholesky of it loses ~1e-5 relative (and can fail where M is nearly singular). None: the states' dtype.
+        self.compute_dtype = compute_dtype
         self.model = copy.deepcopy(model)
         self.data = mujoco.MjData(self.model)
         self.nq, self.nv, self.nu = self.model.nq, self.model.nv, self.model.nu
@@ -204,11 +207,13 @@ class MujocoPrior:
         self.dynamics = RigidBodyDynamics(self.model) if backend == "torch" else None
 
     @classmethod
-    def from_env(cls, env, backend: str = "torch") -> "MujocoPrior":
+    def from_env(cls, env, backend: str = "torch", compute_dtype: torch.dtype | None = torch.float64
+                 ) -> "MujocoPrior":
         """Prior of a gymnasium MuJoCo env; translation coordinates are the qpos gymnasium leaves out of the obs."""
         base = env.unwrapped
         skipped = int(getattr(base, "observation_structure", {}).get("skipped_qpos", 0))
-        return cls(base.model, base.frame_skip, translation_qpos=tuple(range(skipped)), backend=backend)
+        return cls(base.model, base.frame_skip, translation_qpos=tuple(range(skipped)), backend=backend,
+                   compute_dtype=compute_dtype)
 
     def numpy_terms(self, qpos: np.ndarray, qvel: np.ndarray,
                     ctrl: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -230,16 +235,18 @@ class MujocoPrior:
     def terms(self, qpos: torch.Tensor, qvel: torch.Tensor, action: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(minv_h, force) of equation (2) for a batch, as tensors of ``qpos``'s dtype and device (no gradient).
 
-        ``backend="torch"``: batched on ``qpos``'s device in its dtype, (M + hD)^-1 from a batched Cholesky
-        factorisation; ``"mujoco"``: the per-state MuJoCo loop in float64 on the CPU (the reference).
+        ``backend="torch"``: batched on ``qpos``'s device in ``compute_dtype`` (default float64), (M + hD)^-1 from a
+        batched Cholesky factorisation; ``"mujoco"``: the per-state MuJoCo loop in float64 on the CPU (the reference).
         """
         if self.backend == "torch":
+            dtype = self.compute_dtype or qpos.dtype
             with torch.no_grad():
-                qpos, qvel, action = qpos.detach(), qvel.detach(), action.detach().to(qpos.dtype)
-                mass, bias, passive, actuator = self.dynamics.terms(qpos, qvel.to(qpos.dtype), action)
-                damping = torch.as_tensor(self._damping_diag, dtype=qpos.dtype, device=qpos.device)
+                q, v, a = (t.detach().to(dtype) for t in (qpos, qvel, action))
+                mass, bias, passive, actuator = self.dynamics.terms(q, v, a)
+                damping = torch.as_tensor(self._damping_diag, dtype=dtype, device=qpos.device)
                 factor = torch.linalg.cholesky(mass + torch.diag(damping))
-                return torch.cholesky_inverse(factor), actuator + passive - bias
+                return (torch.cholesky_inverse(factor).to(qpos.dtype),
+                        (actuator + passive - bias).to(qpos.dtype))
         mass, bias, actuator, passive = self.numpy_terms(
             qpos.detach().cpu().double().numpy(), qvel.detach().cpu().double().numpy(),
             action.detach().cpu().double().numpy())
