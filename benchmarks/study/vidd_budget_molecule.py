@@ -9,8 +9,10 @@ step per batch, ``value_scheme="official"``), no tuning: both methods run at the
 (``algos/vidd/README.md``) and VIDD at alpha 0.1 (vidd_molecule's alpha), declared here before any unit ran. Seeds 10
 and 11; evaluations at 2k, 4k, 8k and 16k queries (:data:`benchmarks.study.vidd_budget.FRACTIONS`).
 
-Cost (~0.16 core-h): vidd_molecule's measured rates (vidd_alg1 12 core-s, DDPO 42 core-s per 4096 queries, batch 16)
-scaled to 16k and rounded up; pretrain 84 core-s (vidd_molecule's stage).
+Cost (~0.16 core-h declared): measured on tiny units (pretrain 20 steps, 2048 queries, these sizes otherwise, shared
+2-core machine, 2026-12-05): vidd_official 4.9 core-s (18 iterations, 3 refreshes, 4 evaluations), DDPO 16.7 core-s;
+scaled to 16k that is ~40 and ~130 core-s, declared as 70 and 180 (pessimistic); pretrain 84 core-s (vidd_molecule's
+stage). At 16k vidd_official gets ~140 iterations and ~28 teacher refreshes (~120 queries per iteration).
 """
 from __future__ import annotations
 
