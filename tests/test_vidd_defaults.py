@@ -53,6 +53,18 @@ def test_value_schemes_by_name():
     assert rollin_is_teacher_sample(True, alg1) and not rollin_is_teacher_sample(True, VIDDConfig())
 
 
+def test_a_named_scheme_refuses_values_that_contradict_it_and_replace_switches_schemes():
+    with pytest.raises(ValueError, match="next_value: 'completion' contradicts value_scheme='official'"):
+        VIDDConfig(next_value="completion")
+    with pytest.raises(ValueError, match="value_model: value_scheme='custom' needs it set"):
+        VIDDConfig(value_scheme="custom", next_value="denoised")
+    assert VIDDConfig(value_model="student").value_model == "student"  # agrees with "official": accepted
+    hybrid = dataclasses.replace(VIDDConfig(), value_scheme="hybrid")  # values filled by "official" are not "given"
+    assert (hybrid.next_value, hybrid.value_model) == ("completion", "teacher")
+    with pytest.raises(ValueError, match="contradicts value_scheme='hybrid'"):
+        dataclasses.replace(hybrid, next_value="denoised")
+
+
 def test_official_scheme_draws_fresh_teacher_steps():
     """Alg. 1 on a teacher roll-in scores x_{t-1} once for two steps (about T + 1 queries per trajectory); the
     official code's fresh draw per step is scored apart (up to 2 T), so one iteration queries more states."""

@@ -7,7 +7,7 @@ experiment's config (``experiments/vidd/config.py``) extends :class:`VIDDConfig`
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import ClassVar, Literal
 
 # the reward fine-tuning methods; a method's index here is its ``method_id`` in the cluster experiment's metrics
@@ -48,7 +48,8 @@ class VIDDConfig:
     adam_eps: float = 1e-8
     grad_clip: float = 1.0
     num_sampling_steps: int = 32  # T of the ancestral sampler used for roll-ins
-    value_model: Literal["teacher", "student"] = "teacher"  # Alg. 1 values with p_out; the DNA code with the student
+    # Alg. 1 values with p_out; the DNA code with the student. None: as value_scheme sets it
+    value_model: Literal["teacher", "student"] | None = None
     # the value estimator by name (algos/vidd/README.md); a named scheme sets next_value, value_model and whether the
     # roll-out draws a fresh teacher step, "custom" leaves those three fields as given:
     # "official": a fresh xbar ~ p_out(. | x_t) at every step, both values r(x0hat) of the student's one-step
@@ -56,13 +57,16 @@ class VIDDConfig:
     # "alg1": Algorithm 1 as written: values r(x0hat) of p_out; a teacher roll-in's own next state is the draw
     # "hybrid": numerator r of the trajectory's own final sample, denominator the one-step r(x0hat(x_t))
     value_scheme: Literal["official", "alg1", "hybrid", "custom"] = "official"
+    # bookkeeping, not a setting: the scheme that filled next_value/value_model, so that dataclasses.replace with
+    # another scheme can tell them from values a user gave
+    scheme_resolved: str | None = field(default=None, repr=False, compare=False)
     # x0hat for v(x) = r(x0hat(x)): "one_step" argmax (Alg. 1, DNA code) or "greedy" iterative decoding
     # with greedy_tokens_per_step tokens per pass (protein code); both cost one reward query per state
     value_estimator: Literal["one_step", "greedy"] = "one_step"
     greedy_tokens_per_step: int = 4
     # v(xbar_{t-1}): "denoised" = same estimator as v(x_t) (Alg. 1); "completion" = r(x0) of one completion
     # x0 ~ p_out(. | xbar_{t-1}), unbiased for exp(v*/alpha) (released protein code)
-    next_value: Literal["denoised", "completion"] = "denoised"
+    next_value: Literal["denoised", "completion"] | None = None  # None: as value_scheme sets it
     max_log_weight: float | None = None  # clamp (v_next - v_cur) / alpha from above; None = exact weights
     # Weights are computed in log space and normalised by log-sum-exp to mean 1 over the batch's transitions (with
     # exact soft values E[w | x_t] = 1, so this is the self-normalised estimate of eq. 7 and never overflows; one
@@ -115,11 +119,22 @@ class VIDDConfig:
             check(getattr(self, name) > 0, name, "must be > 0")
         check(self.ddpo_lr is None or self.ddpo_lr > 0, "ddpo_lr", "must be > 0 or None")
         check(self.value_estimator in ("one_step", "greedy"), "value_estimator", "must be 'one_step' or 'greedy'")
+        check(self.value_scheme in VALUE_SCHEMES_ALL, "value_scheme", f"must be one of {VALUE_SCHEMES_ALL}")
+        if self.value_scheme == "custom":
+            for name in ("next_value", "value_model"):
+                check(getattr(self, name) is not None, name, "value_scheme='custom' needs it set")
+        else:  # a named scheme sets both; a value given that contradicts it is refused, never silently replaced
+            if self.scheme_resolved is not None and (self.next_value, self.value_model) == VALUE_SCHEMES.get(
+                    self.scheme_resolved):  # set by an earlier scheme (dataclasses.replace of a resolved config)
+                self.next_value = self.value_model = None
+            for name, wanted in zip(("next_value", "value_model"), VALUE_SCHEMES[self.value_scheme]):
+                check(getattr(self, name) in (None, wanted), name,
+                      f"{getattr(self, name)!r} contradicts value_scheme={self.value_scheme!r}, which sets {wanted!r} "
+                      f"(value_scheme='custom' to choose it)")
+            self.next_value, self.value_model = VALUE_SCHEMES[self.value_scheme]
+        self.scheme_resolved = self.value_scheme if self.value_scheme != "custom" else None
         check(self.next_value in ("denoised", "completion"), "next_value", "must be 'denoised' or 'completion'")
         check(self.value_model in ("teacher", "student"), "value_model", "must be 'teacher' or 'student'")
-        check(self.value_scheme in VALUE_SCHEMES_ALL, "value_scheme", f"must be one of {VALUE_SCHEMES_ALL}")
-        if self.value_scheme != "custom":
-            self.next_value, self.value_model = VALUE_SCHEMES[self.value_scheme]
         # a step's group is the trajectories distilled at that step: all of them only when every step is distilled
         # (with k < T random steps, groups of ~batch_size * k / T, often 1, whose weight is forced to 1)
         if self.self_normalize_weights and not self.legacy_small_step_groups and (self.batch_size < self.min_step_group or (

@@ -56,8 +56,9 @@ class Config(VIDDConfig):
     lr: float = 1e-3
     updates_per_batch: int = 4
     self_normalize_weights: bool = False  # True: mean 1 within each reverse step (needs groups >= 8, issue 37)
-    value_scheme: str = "custom"  # the yaml's next_value / value_model as given (a named scheme would override them)
-    next_value: Literal["denoised", "completion"] = "completion"  # completion: r of one completion of xbar
+    value_scheme: str = "custom"  # the yaml's next_value / value_model as given (a named scheme refuses other values)
+    next_value: Literal["denoised", "completion"] | None = "completion"  # completion: r of one completion of xbar
+    value_model: Literal["teacher", "student"] | None = "teacher"
     exact_teacher_term: bool = True  # control variate for the w = 1 part
     eval_every: int = 5
     # a budget that leaves VIDD fewer teacher refreshes than min_teacher_refreshes turns it into standard FT: warn
