@@ -125,7 +125,8 @@ def test_every_branch_runs_its_update_even_when_the_model_produces_nothing():
 
 def test_model_rollouts_carry_the_command_and_show_the_actor_model_noise():
     """Velocity command per start state reaches obs and reward; with obs_noise the actor sees the model's std as
-    noise (LIFT's wm_noise_to_actor_noise) while rewards and terminations stay those of the mean state."""
+    noise (LIFT's wm_noise_to_actor_noise) while the stored transitions (the critic's inputs and target), rewards and
+    terminations stay those of the mean state."""
     from algos.lift.world_model import PhysicsWorldModel, WorldModelConfig
     from envs.control.mujoco_prior import MujocoPrior
     from experiments.lift.world_models import rollout_functions
@@ -143,15 +144,17 @@ def test_model_rollouts_carry_the_command_and_show_the_actor_model_noise():
     def policy(obs):
         seen.append(obs)
         return torch.zeros(len(obs), 6)
-    runs = {}
+    runs, inputs = {}, {}
     for noise in (0.0, 1.0):
         seen.clear()
         batch, _ = branch_rollouts(model, start, policy, obs_fn, reward_fn, scale, 2, command=command,
                                    obs_noise=noise, generator=torch.Generator().manual_seed(0))
-        runs[noise] = batch
+        runs[noise], inputs[noise] = batch, list(seen)
         assert torch.allclose(seen[0][:, -1], command.float()), "the command is the policy's last input"
     torch.testing.assert_close(runs[0.0]["reward"], runs[1.0]["reward"])
-    assert not torch.allclose(runs[0.0]["next_obs"], runs[1.0]["next_obs"])
+    assert not torch.allclose(inputs[0.0][1], inputs[1.0][1]), "the actor's second input carries the model's noise"
+    for key in ("obs", "next_obs"):  # what the critic sees and bootstraps from: the mean state, never the noise
+        torch.testing.assert_close(runs[0.0][key], runs[1.0][key])
     torch.testing.assert_close(runs[0.0]["obs"][:16], runs[1.0]["obs"][:16])  # start states are real: no noise
     # the tracking reward of each row follows its own command
     assert runs[0.0]["reward"][:16].std() > 0

@@ -95,8 +95,9 @@ def branch_rollouts(model, start: Tensor, policy: Callable[[Tensor], Tensor], ob
     ``reward_fn(qpos, qvel, next_qpos, next_qvel, ctrl)`` recomputes reward and termination on the predicted state.
     ``command`` (n,): each start state's velocity command (a command-conditioned task), passed to ``obs_fn`` and
     ``reward_fn``. The state is propagated by the model's mean; with ``obs_noise`` > 0 the actor sees it through
-    Gaussian noise of ``obs_noise`` x the model's predicted std (LIFT's ``wm_noise_to_actor_noise``): the stored
-    obs/next_obs are what the actor saw, the reward and termination are the mean state's.
+    Gaussian noise of ``obs_noise`` x the model's predicted std (LIFT's ``wm_noise_to_actor_noise``). The noise is the
+    actor's input only: the stored obs/next_obs (what the critic and its target see), the reward and the termination
+    are the mean state's (issue 36: the noise had reached the critic's target).
     A rollout stops after its first termination, or when the model's prediction leaves the finite numbers (that
     transition is dropped). Returns flat SAC transitions (obs, action, reward, next_obs, terminated, truncated = 0)
     of the live rows, and metrics (transitions, terminations, mean predicted std).
@@ -108,12 +109,13 @@ def branch_rollouts(model, start: Tensor, policy: Callable[[Tensor], Tensor], ob
 
     state, cmd = start, command
     obs = observe(state, cmd)
+    actor_obs = obs  # start states are real: the actor sees them as they are
     out: dict[str, list[Tensor]] = {k: [] for k in ("obs", "action", "reward", "next_obs", "terminated")}
     terminations, std_sum, std_count = 0, 0.0, 0
     for _ in range(horizon):
         if len(state) == 0:
             break
-        action = policy(obs.float())
+        action = policy(actor_obs.float())
         ctrl = action_scale.to_ctrl(action.to(state.dtype))
         next_state, logvar = model.predict(state, ctrl, member=member)
         finite = torch.isfinite(next_state).all(-1)
@@ -122,12 +124,12 @@ def branch_rollouts(model, start: Tensor, policy: Callable[[Tensor], Tensor], ob
                                        *extra)
         keep = finite & torch.isfinite(reward)
         std = (0.5 * logvar).exp()
-        seen = next_state
+        next_obs = observe(next_state, cmd)
+        next_actor_obs = next_obs
         if obs_noise > 0:
             noise = torch.randn(next_state.shape, generator=generator, device=next_state.device,
                                 dtype=next_state.dtype)
-            seen = next_state + obs_noise * std.nan_to_num(0.0) * noise
-        next_obs = observe(seen, cmd)
+            next_actor_obs = observe(next_state + obs_noise * std.nan_to_num(0.0) * noise, cmd)
         for key, value in (("obs", obs), ("action", action), ("reward", reward), ("next_obs", next_obs),
                            ("terminated", terminated)):
             out[key].append(value[keep].float())
@@ -135,7 +137,7 @@ def branch_rollouts(model, start: Tensor, policy: Callable[[Tensor], Tensor], ob
         std_sum += float(std[keep].mean(-1).sum()) if keep.any() else 0.0
         std_count += int(keep.sum())
         alive = keep & ~terminated
-        state, obs = next_state[alive], next_obs[alive]
+        state, obs, actor_obs = next_state[alive], next_obs[alive], next_actor_obs[alive]
         cmd = None if cmd is None else cmd[alive]
     batch = {k: torch.cat(v) if v else torch.empty(0) for k, v in out.items()}
     batch["truncated"] = torch.zeros_like(batch["reward"])
