@@ -120,7 +120,8 @@ def test_the_device_tier_rehearses_on_cpu_end_to_end():
                           env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("[gpu_check] ok ")]
-    assert len(lines) == 6 and "all 6 rows ok" in proc.stdout
+    assert len(lines) == 7 and "all 7 rows ok" in proc.stdout  # the 7th: the LIFT physics prior (issue 41)
+    assert any("lift physics prior" in ln for ln in lines), lines
     assert "2 distinct pids" in next(ln for ln in lines if "collectives gloo x2" in ln)
 
 

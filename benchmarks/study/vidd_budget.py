@@ -118,6 +118,9 @@ def method_config(ctx: UnitContext | None, method: str, lr: float, alpha: float 
     size = lambda key: spec.size(ctx, key)  # noqa: E731
     k = {"all": None, "ddpo": size("ddpo_steps"), "one": 1}[steps]
     fields = {**BASE, **overrides, "lr": lr, "timesteps_per_trajectory": k, "query_budget": budget}
+    if fields.get("value_scheme", "custom") != "custom":  # the scheme sets them; the experiment's own are not given
+        fields.setdefault("next_value", None)
+        fields.setdefault("value_model", None)
     if alpha is not None:
         fields["alpha"] = alpha
     return dataclasses.replace(experiment_config(spec, ctx), **fields)
