@@ -178,24 +178,27 @@ def tasks():
     return task, ReasoningTask(dataclasses.replace(task.cfg, min_steps=SFT_MIN_STEPS))
 
 
-def new_policy(task):
+def new_policy(task, model: dict | None = None, seed: int = SFT_INIT_SEED):
+    """A freshly initialised GPT of ``model``'s shape (default this study's ``MODEL``) on ``task``'s tokenizer."""
     from algos.attnrl.gpt import GPT, GPTConfig
     from algos.attnrl.lm import Policy
-    torch.manual_seed(SFT_INIT_SEED)
-    return Policy(GPT(GPTConfig(vocab_size=task.tokenizer.vocab_size, **MODEL)), task.tokenizer)
+    torch.manual_seed(seed)
+    return Policy(GPT(GPTConfig(vocab_size=task.tokenizer.vocab_size, **(model or MODEL))), task.tokenizer)
 
 
-def load_sft(ctx: UnitContext):
-    """(task, SFT policy, SFT info) from the start model."""
+def load_sft(ctx: UnitContext, model: dict | None = None, task_spec: dict | None = None, make_tasks=None,
+             seed: int = SFT_INIT_SEED):
+    """(task, SFT policy, SFT info) from the start model; another study passes its own model, task and ``tasks``."""
+    model, task_spec, make_tasks = model or MODEL, task_spec or TASK, make_tasks or tasks
     saved = ctx.load_artifact("sft/model.pt")
     if saved is None:
-        raise StudyError(f"attnrl/{ctx.unit.name}: no start model at {ctx.artifacts / 'sft' / 'model.pt'}; run the "
-                         "sft stage first")
-    if saved["model"] != MODEL or saved["task"] != TASK:
-        raise StudyError(f"attnrl/{ctx.unit.name}: the start model was made for model {saved['model']} and task "
-                         f"{saved['task']}, this study uses {MODEL} and {TASK}")
-    task, _ = tasks()
-    policy = new_policy(task)
+        raise StudyError(f"{ctx.study}/{ctx.unit.name}: no start model at {ctx.artifacts / 'sft' / 'model.pt'}; run "
+                         "the sft stage first")
+    if saved["model"] != model or saved["task"] != task_spec:
+        raise StudyError(f"{ctx.study}/{ctx.unit.name}: the start model was made for model {saved['model']} and "
+                         f"task {saved['task']}, this study uses {model} and {task_spec}")
+    task, _ = make_tasks()
+    policy = new_policy(task, model, seed)
     policy.model.load_state_dict(saved["state_dict"])
     policy.model.eval()
     return task, policy, saved["info"]

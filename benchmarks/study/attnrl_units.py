@@ -87,26 +87,12 @@ def tasks():
 
 
 def new_policy(task):
-    from algos.attnrl.gpt import GPT, GPTConfig
-    from algos.attnrl.lm import Policy
-    torch.manual_seed(SFT_INIT_SEED)
-    return Policy(GPT(GPTConfig(vocab_size=task.tokenizer.vocab_size, **MODEL)), task.tokenizer)
+    return base.new_policy(task, MODEL, SFT_INIT_SEED)
 
 
 def load_sft(ctx: UnitContext):
-    """(task, SFT policy, SFT info) from the start model."""
-    saved = ctx.load_artifact("sft/model.pt")
-    if saved is None:
-        raise StudyError(f"attnrl_units/{ctx.unit.name}: no start model at {ctx.artifacts / 'sft' / 'model.pt'}; "
-                         "run the sft stage first")
-    if saved["model"] != MODEL or saved["task"] != TASK:
-        raise StudyError(f"attnrl_units/{ctx.unit.name}: the start model was made for model {saved['model']} and "
-                         f"task {saved['task']}, this study uses {MODEL} and {TASK}")
-    task, _ = tasks()
-    policy = new_policy(task)
-    policy.model.load_state_dict(saved["state_dict"])
-    policy.model.eval()
-    return task, policy, saved["info"]
+    """(task, SFT policy, SFT info) from the start model (attnrl's loader with this study's model and task)."""
+    return base.load_sft(ctx, MODEL, TASK, tasks, SFT_INIT_SEED)
 
 
 # ------------------------------------------------------------------------------------------------ 1. SFT stage
