@@ -44,12 +44,21 @@ def test_exactly_once_when_a_worker_dies_mid_request(pool_factory, no_restart):
     assert len(pids) == 2
 
 
-def test_results_stream_as_they_finish_and_map_keeps_order(pool_factory):
+def test_results_stream_as_they_finish_and_map_keeps_order(pool_factory, tmp_path):
     pool = pool_factory(num_workers=2)
-    requests = [{"i": 0, "sleep_s": 1.5}] + [{"i": i, "sleep_s": 0.01} for i in range(1, 6)]
-    order = [i for i, _ in pool.imap("echo", requests)]
-    assert order[-1] == 0, f"the slow request should finish last, got completion order {order}"
-    assert [r["request"]["i"] for r in pool.map("echo", requests)] == list(range(6))
+    # request 0 is held until the other five have come back (a file, not a sleep: a loaded CI machine can make a
+    # 10 ms request take longer than any sleep); a pool that returned in submission order would never release it
+    release = tmp_path / "release"
+    requests = [{"i": 0, "wait_for": str(release), "wait_timeout_s": 60.0}] + [{"i": i} for i in range(1, 6)]
+    order = []
+    for i, _ in pool.imap("echo", requests):
+        order.append(i)
+        if len(order) == 5:
+            release.touch()
+    assert order[-1] == 0, f"the held request should finish last, got completion order {order}"
+    release.unlink()
+    fast_first = [{"i": 0, "sleep_s": 0.3}] + [{"i": i} for i in range(1, 6)]
+    assert [r["request"]["i"] for r in pool.map("echo", fast_first)] == list(range(6))
 
 
 def test_weights_are_fetched_once_per_version_per_worker(pool_factory):
