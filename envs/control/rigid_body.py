@@ -50,30 +50,49 @@ _SLIDE, _HINGE = int(mujoco.mjtJoint.mjJNT_SLIDE), int(mujoco.mjtJoint.mjJNT_HIN
 
 
 # ---------------------------------------------------------------------------------------------- small batched algebra
+# Every per-state quantity is stored batch-last: a 3-vector is (3, B), a 3x3 matrix (3, 3, B), a stack of bodies'
+# (nbody, 3, 3, B). Each "scalar" of Featherstone's algorithms is then one contiguous length-B vector, so small sums
+# (over 3 or 6 components) are adds of whole vectors and products with model constants are single GEMMs with B columns.
 
 def _cross(a: Tensor, b: Tensor) -> Tensor:
-    """Cross product over the last axis without torch.cross's broadcasting checks (cheaper on small tensors)."""
-    a0, a1, a2 = a.unbind(-1)
-    b0, b1, b2 = b.unbind(-1)
-    return torch.stack((a1 * b2 - a2 * b1, a2 * b0 - a0 * b2, a0 * b1 - a1 * b0), -1)
+    """Cross product of batch-last 3-vectors (..., 3, B)."""
+    a0, a1, a2 = a.unbind(-2)
+    b0, b1, b2 = b.unbind(-2)
+    return torch.stack((a1 * b2 - a2 * b1, a2 * b0 - a0 * b2, a0 * b1 - a1 * b0), -2)
 
 
 def _quat_to_mat(q: Tensor) -> Tensor:
-    """Rotation matrix of unit wxyz quaternions (..., 4) -> (..., 3, 3) (MuJoCo's ``mju_quat2Mat``)."""
-    w, x, y, z = q.unbind(-1)
+    """Rotation matrix (3, 3, B) of unit wxyz quaternions (4, B) (MuJoCo's ``mju_quat2Mat``)."""
+    w, x, y, z = q.unbind(0)
     rows = (1 - 2 * (y * y + z * z), 2 * (x * y - w * z), 2 * (x * z + w * y),
             2 * (x * y + w * z), 1 - 2 * (x * x + z * z), 2 * (y * z - w * x),
             2 * (x * z - w * y), 2 * (y * z + w * x), 1 - 2 * (x * x + y * y))
-    return torch.stack(rows, -1).reshape(*q.shape[:-1], 3, 3)
+    return torch.stack(rows, 0).reshape(3, 3, *q.shape[1:])
+
+
+def _normalized(q: Tensor) -> Tensor:
+    return q / torch.linalg.vector_norm(q, dim=0, keepdim=True)
+
+
+def _times_const(rot: Tensor, const_t: Tensor) -> Tensor:
+    """rot @ C for rot (3, 3, B) and a model constant C, given as C^T: one GEMM (3x3 @ 3xB per row of rot)."""
+    return torch.matmul(const_t, rot)
+
+
+def _apply_const(rot: Tensor, vec: Tensor) -> Tensor:
+    """rot @ v for rot (3, 3, B) and a constant 3-vector v: (3, B)."""
+    return torch.matmul(vec, rot)
 
 
 def _matmul3(a: Tensor, b: Tensor) -> Tensor:
-    """a @ b for stacks of 3x3 matrices, elementwise (faster than a batched GEMM of 3x3 blocks)."""
-    return (a[..., :, :, None] * b[..., None, :, :]).sum(-2)
+    """a @ b for batch-last 3x3 matrices (3, 3, B) (a ball joint's rotation: both factors vary)."""
+    return (a[:, :, None] * b[None]).sum(1)
 
 
 def _quat_log(q: Tensor) -> Tensor:
-    """Rotation vector of unit wxyz quaternions (MuJoCo's ``mju_quat2Vel`` with dt = 1), angle wrapped to (−π, π]."""
+    """Rotation vector of unit wxyz quaternions (MuJoCo's ``mju_quat2Vel`` with dt = 1), angle wrapped to (−π, π].
+
+    Batch-first (..., 4) -> (..., 3): used by the passive springs, which work on the (B, nq) states directly."""
     w, v = q[..., 0], q[..., 1:]
     sin_half = torch.linalg.vector_norm(v, dim=-1)
     angle = 2 * torch.atan2(sin_half, w)
@@ -155,17 +174,26 @@ class RigidBodyDynamics:
         for i, p in enumerate(parent_of_dof):
             if p >= 0:
                 parent_moves[i] = dof_moves[p]
+        # M's nonzero pattern: (i, j) with body(j) an ancestor-or-self of body(i), each pair once (i >= j on one body);
+        # entry k of the flat (nv * nv) matrix reads pair ``mass_map[k]`` (the last slot: a structural zero)
+        pairs = [(i, j) for i in range(self.nv) for j in range(self.nv)
+                 if dof_anc[i, j] and (not same[i, j] or i >= j)]
+        mass_map = np.full((self.nv, self.nv), len(pairs), dtype=np.int64)
+        for k, (i, j) in enumerate(pairs):
+            mass_map[i, j] = mass_map[j, i] = k
+        pair_i, pair_j = (np.asarray(x, dtype=np.int64) for x in zip(*pairs))
+        self.has_free = bool(free_translation.any())
         self._numpy = dict(
-            body_pos=model.body_pos[1:], body_rot=np.stack([_np_quat_to_mat(q) for q in model.body_quat[1:]]),
-            body_ipos=model.body_ipos[1:], body_irot=np.stack([_np_quat_to_mat(q) for q in model.body_iquat[1:]]),
             mass=model.body_mass[1:], inertia=model.body_inertia[1:],
-            subtree=self._subtree, composite_mass=(self._subtree @ model.body_mass[1:])[self.dof_body],
-            dof_moves=dof_moves, pre=parent_moves + earlier,
-            keep_dot=1.0 - free_translation,
-            lower=dof_anc, lower_t=dof_anc.T.copy(), same=same, armature=model.dof_armature.copy(),
+            composite=self._subtree[self.dof_body],  # (nv, nbody): the bodies of dof i's body's subtree
+            composite_mass=(self._subtree @ model.body_mass[1:])[self.dof_body],
+            dof_moves=dof_moves, pre=parent_moves + earlier, keep_dot=1.0 - free_translation,
+            pair_i=pair_i, pair_j=pair_j, mass_map=mass_map.reshape(-1),
+            pair_armature=np.where(pair_i == pair_j, model.dof_armature[pair_i], 0.0),
             damping=model.dof_damping.copy(), gravity=np.concatenate([np.zeros(3), -model.opt.gravity]),
             qpos0=model.qpos0.copy(), qpos_spring=model.qpos_spring.copy(),
         )
+        self._bodies = [self._body_constants(model, b) for b in range(nbody)]
         self.dof_body_index = self.dof_body
         self._springs = self._spring_layout(model)
         self._actuators = self._actuator_layout(model)
@@ -248,7 +276,19 @@ class RigidBodyDynamics:
             force_hi=np.where(force_limited, model.actuator_forcerange[:, 1], inf),
         )
 
-    def _constants(self, device: torch.device, dtype: torch.dtype) -> dict[str, Tensor]:
+    def _body_constants(self, model: mujoco.MjModel, b: int) -> dict:
+        """Body b's static frame data (numpy), with flags for the products that are identities and can be skipped."""
+        rot = _np_quat_to_mat(model.body_quat[b + 1])
+        irot = _np_quat_to_mat(model.body_iquat[b + 1])
+        joints = [(j.kind, j.qadr, j.vadr, j.axis, j.pos, bool(np.any(j.pos)), _skew(j.axis).T.copy(),
+                   (_skew(j.axis) @ _skew(j.axis)).T.copy()) for j in self.joints[b]]
+        return dict(pos=model.body_pos[b + 1].copy(), moved=bool(np.any(model.body_pos[b + 1])),
+                    rot=rot, rotated=not np.allclose(rot, np.eye(3), rtol=0.0, atol=0.0),
+                    ipos=model.body_ipos[b + 1].copy(), ishifted=bool(np.any(model.body_ipos[b + 1])),
+                    irot=irot, irotated=not np.allclose(irot, np.eye(3), rtol=0.0, atol=0.0), joints=joints)
+
+    def _constants(self, device: torch.device, dtype: torch.dtype) -> dict:
+        """The model's constants as tensors on ``device`` in ``dtype``, built once per (device, dtype)."""
         key = (device, dtype)
         if key not in self._cache:
             as_t = lambda a: torch.as_tensor(np.asarray(a), device=device,  # noqa: E731
@@ -256,145 +296,156 @@ class RigidBodyDynamics:
             consts = {k: as_t(v) for k, v in self._numpy.items()}
             consts.update({f"spring_{k}": as_t(v) for k, v in self._springs.items()})
             consts.update({f"act_{k}": as_t(v) for k, v in self._actuators.items()})
-            consts["dof_body"] = as_t(self.dof_body)
-            consts["joints"] = [[(j.kind, j.qadr, j.vadr, as_t(j.axis), as_t(j.pos), as_t(_skew(j.axis)),
-                                  as_t(_skew(j.axis) @ _skew(j.axis))) for j in joints] for joints in self.joints]
+            consts["eye"] = as_t(np.eye(3))
+            consts["pair_groups"] = [(int(i), consts["pair_j"][self._numpy["pair_i"] == i])
+                                     for i in np.unique(self._numpy["pair_i"])]
+            consts["bodies"] = [dict(body, pos=as_t(body["pos"]), rot_t=as_t(body["rot"].T), rot=as_t(body["rot"]),
+                                     ipos=as_t(body["ipos"]), irot_t=as_t(body["irot"].T),
+                                     joints=[(kind, qa, va, as_t(axis), as_t(jpos), offset, as_t(skew_t),
+                                              as_t(skew2_t))
+                                             for kind, qa, va, axis, jpos, offset, skew_t, skew2_t in body["joints"]])
+                                for body in self._bodies]
             self._cache[key] = consts
         return self._cache[key]
 
     # ----------------------------------------------------------------------------------------- evaluation
 
-    def _kinematics(self, qpos: Tensor, c: dict) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    def _kinematics(self, q: Tensor, c: dict) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         """Body frames and motion subspaces, as ``mj_kinematics`` and ``mj_comPos`` compute them.
 
-        Returns body centres of mass (nbody, B, 3), inertia frames (nbody, B, 3, 3) and each dof's spatial axis about the world
-        origin as angular (nv, B, 3) and linear (nv, B, 3) parts. Bodies and dofs lead the shape so that tree sums
-        are single matrix products; 3x3 products are written elementwise (batched 3x3 bmm is slow on CPUs).
+        ``q`` is batch-last (nq, B). Returns body centres of mass (nbody, 3, B), inertia frames (nbody, 3, 3, B) and
+        each dof's spatial axis about the world origin as angular (nv, 3, B) and linear (nv, 3, B) parts. The loop
+        runs over the bodies of the tree (a child needs its parent's frame), each step a few ops on (3, 3, B).
         """
-        batch = qpos.shape[0]
+        batch = q.shape[-1]
         positions: list[Tensor] = []
         rotations: list[Tensor] = []
         coms: list[Tensor] = []
         inertia_frames: list[Tensor] = []
-        ang: list[Tensor | None] = [None] * self.nv
-        lin: list[Tensor | None] = [None] * self.nv
-        eye = torch.eye(3, dtype=qpos.dtype, device=qpos.device)
-        zeros = qpos.new_zeros(batch, 3)
-        for b in range(self.nbody):
+        ang: list[Tensor] = [q] * self.nv  # placeholders, all overwritten
+        lin: list[Tensor] = [q] * self.nv
+        zeros = q.new_zeros(3, batch)
+        for b, body in enumerate(c["bodies"]):
             p = self.parent[b]
             if p < 0:
-                pos = c["body_pos"][b].expand(batch, 3)
-                rot = c["body_rot"][b].expand(batch, 3, 3)
+                pos = body["pos"][:, None].expand(3, batch)
+                rot = body["rot"][..., None].expand(3, 3, batch)
             else:
-                pos = positions[p] + (rotations[p] * c["body_pos"][b]).sum(-1)
-                rot = rotations[p] @ c["body_rot"][b]  # constant right factor: one (3B x 3) @ (3 x 3) product
+                pos = positions[p] + _apply_const(rotations[p], body["pos"]) if body["moved"] else positions[p]
+                rot = _times_const(rotations[p], body["rot_t"]) if body["rotated"] else rotations[p]
             rotational: list[tuple[int, Tensor]] = []  # (first dof, anchor): axes are the body's final frame's
-            for kind, qa, va, axis, jpos, skew, skew2 in c["joints"][b]:
+            for kind, qa, va, axis, jpos, offset, skew_t, skew2_t in body["joints"]:
                 if kind == _FREE:
-                    pos = qpos[:, qa:qa + 3]
-                    quat = qpos[:, qa + 3:qa + 7]
-                    rot = _quat_to_mat(quat / torch.linalg.vector_norm(quat, dim=-1, keepdim=True))
+                    pos = q[qa:qa + 3]
+                    rot = _quat_to_mat(_normalized(q[qa + 3:qa + 7]))
                     for k in range(3):
-                        ang[va + k], lin[va + k] = zeros, eye[k].expand(batch, 3)
-                    rotational.append((va + 3, pos + (rot * jpos).sum(-1)))
+                        ang[va + k], lin[va + k] = zeros, c["eye"][k][:, None].expand(3, batch)
+                    rotational.append((va + 3, pos + _apply_const(rot, jpos) if offset else pos))
                     continue
-                world_axis = rot @ axis
-                anchor = pos + rot @ jpos
+                world_axis = _apply_const(rot, axis)
+                anchor = pos + _apply_const(rot, jpos) if offset else pos
                 if kind == _SLIDE:
-                    pos = pos + world_axis * (qpos[:, qa] - c["qpos0"][qa])[:, None]
+                    pos = pos + world_axis * (q[qa] - c["qpos0"][qa])
                     ang[va], lin[va] = zeros, world_axis
                 elif kind == _HINGE:
                     # R·exp(θ[a]×) = R + sin θ·(R[a]×) + (1 − cos θ)·(R[a]×²): two products with constants
-                    angle = (qpos[:, qa] - c["qpos0"][qa])[:, None, None]
-                    rot = rot + torch.sin(angle) * (rot @ skew) + (1 - torch.cos(angle)) * (rot @ skew2)
-                    pos = anchor - rot @ jpos
+                    angle = q[qa] - c["qpos0"][qa]
+                    rot = rot + torch.sin(angle) * _times_const(rot, skew_t) \
+                        + (1 - torch.cos(angle)) * _times_const(rot, skew2_t)
+                    pos = anchor - _apply_const(rot, jpos) if offset else anchor
                     ang[va], lin[va] = world_axis, _cross(anchor, world_axis)
                 else:  # ball
-                    quat = qpos[:, qa:qa + 4]
-                    rot = _matmul3(rot, _quat_to_mat(quat / torch.linalg.vector_norm(quat, dim=-1, keepdim=True)))
-                    pos = anchor - rot @ jpos
+                    rot = _matmul3(rot, _quat_to_mat(_normalized(q[qa:qa + 4])))
+                    pos = anchor - _apply_const(rot, jpos) if offset else anchor
                     rotational.append((va, anchor))
             for va, anchor in rotational:
+                axes = rot.unbind(1)  # the body frame's axes are rot's columns
                 for k in range(3):
-                    axis_k = rot[..., :, k]
-                    ang[va + k], lin[va + k] = axis_k, _cross(anchor, axis_k)
+                    ang[va + k], lin[va + k] = axes[k], _cross(anchor, axes[k])
             positions.append(pos)
             rotations.append(rot)
-            coms.append(pos + rot @ c["body_ipos"][b])
-            inertia_frames.append(rot @ c["body_irot"][b])
+            coms.append(pos + _apply_const(rot, body["ipos"]) if body["ishifted"] else pos)
+            inertia_frames.append(_times_const(rot, body["irot_t"]) if body["irotated"] else rot)
         return torch.stack(coms), torch.stack(inertia_frames), torch.stack(ang), torch.stack(lin)
 
     def _body_inertia(self, com: Tensor, irot: Tensor, c: dict) -> tuple[Tensor, Tensor]:
-        """Each body's first moment h = m·com (nbody, B, 3) and rotational inertia about the world origin I_O
-        (nbody, B, 3, 3); with the mass these are its spatial inertia [[I_O, [h]×], [−[h]×, m]] (Featherstone 2.62)."""
-        pos = com
-        inertia_com = _matmul3(irot * c["inertia"][:, None, None, :], irot.transpose(-1, -2))
-        m = c["mass"][:, None, None]
-        eye = torch.eye(3, dtype=pos.dtype, device=pos.device)
-        parallel = m[..., None] * ((com * com).sum(-1)[..., None, None] * eye - com[..., :, None] * com[..., None, :])
-        return m * com, inertia_com + parallel
+        """Each body's first moment h = m·com (nbody, 3, B) and rotational inertia about the world origin
+        I_O = R diag(I) Rᵀ + m(|c|² 1 − c cᵀ) (nbody, 3, 3, B); with the mass these are its spatial inertia
+        [[I_O, [h]×], [−[h]×, m]] about the origin (Featherstone 2.62), so composites are plain sums."""
+        mass = c["mass"][:, None, None]
+        scaled = irot * c["inertia"][:, None, :, None]
+        inertia_com = (scaled[:, :, None] * irot[:, None]).sum(3)  # Σ_l R[j, l] I_l R[k, l]
+        outer = com[:, :, None] * com[:, None]
+        parallel = (outer.diagonal(dim1=1, dim2=2).sum(-1)[:, None, None] * c["eye"][..., None] - outer)
+        return mass * com, inertia_com + mass[..., None] * parallel
 
-    def _apply_inertia(self, mass: Tensor, first: Tensor, rotational: Tensor, w: Tensor, v: Tensor) -> tuple[Tensor,
-                                                                                                          Tensor]:
-        """Spatial inertia times the motion (w, v): moment I_O w + h × v and force m v − h × w."""
-        moment = (rotational * w[..., None, :]).sum(-1) + _cross(first, v)
-        return moment, mass[..., None] * v - _cross(first, w)
+    @staticmethod
+    def _apply_inertia(mass: Tensor, first: Tensor, rotational: Tensor, w: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """Spatial inertia (m, h, I_O) times the motion (w, v): moment I_O w + h × v and force m v − h × w."""
+        moment = (rotational * w[:, None]).sum(2) + _cross(first, v)
+        return moment, mass * v - _cross(first, w)
 
     @staticmethod
     def _tree_sum(matrix: Tensor, x: Tensor) -> Tensor:
-        """``matrix`` (n, k) applied along the leading axis of x (k, ...): one matrix product."""
+        """``matrix`` (n, k) applied along the leading axis of x (k, ...): one GEMM."""
         return (matrix @ x.reshape(x.shape[0], -1)).reshape(matrix.shape[0], *x.shape[1:])
 
     def mass_matrix(self, qpos: Tensor) -> Tensor:
         """M(q) (B, nv, nv), armature included (``mj_fullM`` after ``mj_crb``)."""
         c = self._constants(qpos.device, qpos.dtype)
-        pos, rot, ang, lin = self._kinematics(qpos, c)
-        return self._crba(*self._body_inertia(pos, rot, c), ang, lin, c)
+        com, irot, ang, lin = self._kinematics(qpos.t(), c)
+        return self._crba(*self._body_inertia(com, irot, c), ang, lin, c)
 
     def _crba(self, first: Tensor, rotational: Tensor, ang: Tensor, lin: Tensor, c: dict) -> Tensor:
-        """Composite inertias are subtree sums (one common frame); M[i, j] = s_j · I^c_{body(i)} s_i on tree paths."""
-        composite = self._tree_sum(c["subtree"], torch.cat((first, rotational.reshape(*first.shape[:2], 9)), -1))
-        composite = composite[c["dof_body"]]
-        shape = composite.shape[:2]
-        moment, force = self._apply_inertia(c["composite_mass"][:, None], composite[..., :3],
-                                            composite[..., 3:].reshape(*shape, 3, 3), ang, lin)
-        # [b, i, j] = I^c_{body(i)} s_i · s_j
-        # batch-leading contiguous operands: the batched GEMM is ~3x slower on the strided views
-        cross = (torch.cat((moment, force), -1).transpose(0, 1).contiguous()
-                 @ torch.cat((ang, lin), -1).permute(1, 2, 0).contiguous())
-        lower = cross * c["lower"]
-        full = lower + lower.transpose(-1, -2) - cross * c["same"]
-        return full + torch.diag(c["armature"])  # broadcast add: cheaper than a batched diag_embed
+        """Composite inertias are subtree sums (one common frame, one GEMM); M[i, j] = s_j · I^c_{body(i)} s_i on the
+        tree's pairs only (MuJoCo's sparse pattern), then scattered into the dense (B, nv, nv) matrix."""
+        nbody, batch = first.shape[0], first.shape[-1]
+        composite = self._tree_sum(c["composite"], torch.cat((first, rotational.reshape(nbody, 9, batch)), 1))
+        moment, force = self._apply_inertia(c["composite_mass"][:, None, None], composite[:, :3],
+                                            composite[:, 3:].reshape(-1, 3, 3, batch), ang, lin)
+        applied = torch.cat((moment, force), 1)  # I^c s_i (nv, 6, B)
+        axes = torch.cat((ang, lin), 1)  # s_j (nv, 6, B)
+        # one product per dof i with the axes of its ancestors' dofs (a gather of all pairs at once would build a
+        # (npairs, 6, B) temporary: ~40 MB for a humanoid at B = 4096 in fp64, slower than these nv small products)
+        pairs = torch.cat([(applied[i] * axes[ancestors]).sum(1) for i, ancestors in c["pair_groups"]])
+        pairs = pairs + c["pair_armature"][:, None]  # (npairs, B)
+        # batch-first for the dense result: one transpose of the pairs, then one gather of columns
+        flat = torch.cat((pairs, pairs.new_zeros(1, batch))).t().contiguous()
+        return flat[:, c["mass_map"]].reshape(batch, self.nv, self.nv)
 
     def terms(self, qpos: Tensor, qvel: Tensor, ctrl: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         """M (B, nv, nv), qfrc_bias, qfrc_passive, qfrc_actuator (B, nv) at a batch of states and controls."""
         c = self._constants(qpos.device, qpos.dtype)
-        pos, rot, ang, lin = self._kinematics(qpos, c)
-        first, rotational = self._body_inertia(pos, rot, c)
+        com, irot, ang, lin = self._kinematics(qpos.t(), c)
+        first, rotational = self._body_inertia(com, irot, c)
         mass = self._crba(first, rotational, ang, lin, c)
-        bias = self._rnea(first, rotational, ang, lin, qvel, c)
+        bias = self._rnea(first, rotational, ang, lin, qvel.t(), c)
         return mass, bias, self._passive(qpos, qvel, c), self._actuator(qpos, qvel, ctrl, c)
 
-    def _rnea(self, first: Tensor, rotational: Tensor, ang: Tensor, lin: Tensor, qvel: Tensor, c: dict) -> Tensor:
-        """qfrc_bias = RNEA(q, q̇, q̈ = 0) with gravity as a root acceleration (``mj_rne`` with flg_acc = 0)."""
-        rate = qvel.t()[..., None]
-        motion = torch.cat((ang * rate, lin * rate), -1)  # s_k q̇_k (nv, B, 6)
-        velocity = self._tree_sum(c["dof_moves"], motion)  # body velocities (nbody, B, 6)
+    def _rnea(self, first: Tensor, rotational: Tensor, ang: Tensor, lin: Tensor, rate: Tensor, c: dict) -> Tensor:
+        """qfrc_bias = RNEA(q, q̇, q̈ = 0) with gravity as a root acceleration (``mj_rne`` with flg_acc = 0).
+
+        The recursions are tree sums over precomputed ancestor matrices (one GEMM each): body velocities
+        v_b = Σ_{k moves b} s_k q̇_k, accelerations a_b = Σ_{k moves b} ṡ_k q̇_k − g, forces
+        f_b = I_b a_b + v_b ×* I_b v_b, and bias_i = s_i · Σ_{b in subtree(body(i))} f_b. ``rate`` is q̇ (nv, B)."""
+        motion = torch.cat((ang, lin), 1) * rate[:, None]  # s_k q̇_k (nv, 6, B)
+        velocity = self._tree_sum(c["dof_moves"], motion)  # body velocities (nbody, 6, B)
         seen = self._tree_sum(c["pre"], motion)  # the velocity dof i's ṡ_i is taken with
-        w, v = seen[..., :3], seen[..., 3:]
-        mw, mv = motion[..., :3], motion[..., 3:]
-        keep = c["keep_dot"][:, None, None]
-        dot = torch.cat((_cross(w, mw) * keep, (_cross(w, mv) + _cross(v, mw)) * keep), -1)  # ṡ_i q̇_i
+        w, v = seen[:, :3], seen[:, 3:]
+        mw, mv = motion[:, :3], motion[:, 3:]
+        dot = torch.cat((_cross(w, mw), _cross(w, mv) + _cross(v, mw)), 1)  # ṡ_i q̇_i
+        if self.has_free:  # a free joint's translation axes are fixed in the world: ṡ = 0
+            dot = dot * c["keep_dot"][:, None, None]
         accel = self._tree_sum(c["dof_moves"], dot)
-        mass = c["mass"][:, None]
         if self.gravity_on:
-            accel = accel + c["gravity"]
-        bw, bv = velocity[..., :3], velocity[..., 3:]
+            accel = accel + c["gravity"][:, None]
+        mass = c["mass"][:, None, None]
+        bw, bv = velocity[:, :3], velocity[:, 3:]
         hw, hv = self._apply_inertia(mass, first, rotational, bw, bv)  # momentum
-        fw, fv = self._apply_inertia(mass, first, rotational, accel[..., :3], accel[..., 3:])
-        body_force = torch.cat((fw + _cross(bw, hw) + _cross(bv, hv), fv + _cross(bw, hv)), -1)
-        subtree_force = self._tree_sum(c["subtree"], body_force)[c["dof_body"]]
-        return (ang * subtree_force[..., :3] + lin * subtree_force[..., 3:]).sum(-1).t()
+        fw, fv = self._apply_inertia(mass, first, rotational, accel[:, :3], accel[:, 3:])
+        body_force = torch.cat((fw + _cross(bw, hw) + _cross(bv, hv), fv + _cross(bw, hv)), 1)
+        subtree_force = self._tree_sum(c["composite"], body_force)  # (nv, 6, B)
+        return (torch.cat((ang, lin), 1) * subtree_force).sum(1).t()
 
     def _passive(self, qpos: Tensor, qvel: Tensor, c: dict) -> Tensor:
         passive = -c["damping"] * qvel if self.dampers_on else torch.zeros_like(qvel)
