@@ -3,6 +3,10 @@
     from cluster import ddp
     ddp.set_threads(n); device = ddp.device(); model = ddp.wrap_ddp(model)
     ddp.all_reduce_mean_([stats]); ddp.report(metrics, checkpoint_dir=d)
+
+``local_session(dir)`` runs the same ``train_fn`` code as rank 0 of 1 in this process, with no Ray: reports keep the
+latest checkpoint under ``dir`` and ``latest_checkpoint`` resumes from it (a study unit runs a learner this way, so
+what a study measures is the loop a cluster job runs).
 """
 from __future__ import annotations
 
@@ -18,19 +22,39 @@ import ray.train
 
 
 START_FROM: str | None = None  # set by cluster.train.fit: a checkpoint to start from when the run has none (PBT)
+_LOCAL: Path | None = None  # the checkpoint folder of a ``local_session``; None inside Ray Train
+
+
+@contextmanager
+def local_session(checkpoints: str | Path) -> Iterator[None]:
+    """Run ``train_fn`` code in this process as rank 0 of 1 (no Ray): ``report`` keeps the newest checkpoint in
+    ``checkpoints/latest`` (replaced whole, so a kill mid-write leaves the previous one) and ``latest_checkpoint``
+    yields it, so a second session on the same folder resumes."""
+    global _LOCAL
+    if _LOCAL is not None:
+        raise RuntimeError(f"a local session is already open on {_LOCAL}")
+    _LOCAL = Path(checkpoints)
+    _LOCAL.mkdir(parents=True, exist_ok=True)
+    try:
+        yield
+    finally:
+        _LOCAL = None
 
 
 def rank() -> int:
-    return ray.train.get_context().get_world_rank()
+    return 0 if _LOCAL is not None else ray.train.get_context().get_world_rank()
 
 
 def world_size() -> int:
-    return ray.train.get_context().get_world_size()
+    return 1 if _LOCAL is not None else ray.train.get_context().get_world_size()
 
 
 def device():
     """The device Ray gave this worker: its GPU when one is assigned and CUDA works, else the CPU (logical GPUs of a
-    CPU-only rehearsal cluster included)."""
+    CPU-only rehearsal cluster included). A local session computes on the CPU."""
+    import torch
+    if _LOCAL is not None:
+        return torch.device("cpu")
     from cluster.devices import pick_device
     return pick_device(ray.get_gpu_ids(), ray_device=lambda: ray.train.torch.get_device())
 
@@ -120,6 +144,19 @@ def report(metrics: dict[str, Any], checkpoint_dir: str | Path | None = None) ->
     """Report metrics (every rank must call this equally often) and, with ``checkpoint_dir``, this rank's checkpoint
     shard: Ray Train merges every rank's directory into one checkpoint, so files must carry the rank in their name
     (``rank1.pt``) and each rank resumes from its own."""
+    if _LOCAL is not None:
+        if checkpoint_dir is not None:
+            import shutil
+            staged = _LOCAL / "latest.partial"
+            shutil.rmtree(staged, ignore_errors=True)
+            shutil.copytree(checkpoint_dir, staged)
+            old = _LOCAL / "latest.old"
+            shutil.rmtree(old, ignore_errors=True)
+            if (_LOCAL / "latest").exists():
+                (_LOCAL / "latest").rename(old)
+            staged.rename(_LOCAL / "latest")
+            shutil.rmtree(old, ignore_errors=True)
+        return
     checkpoint = None
     if checkpoint_dir is not None:
         checkpoint = ray.train.Checkpoint.from_directory(str(checkpoint_dir))
@@ -137,6 +174,10 @@ def checkpoint_dir() -> Iterator[Path]:
 def latest_checkpoint() -> Iterator[Path | None]:
     """The checkpoint to resume from: the last one reported by this run (or by an earlier run of the same name), else
     the one a PBT exploit gave it to start from, else None."""
+    if _LOCAL is not None:
+        latest = _LOCAL / "latest" if (_LOCAL / "latest").is_dir() else _LOCAL / "latest.old"
+        yield latest if latest.is_dir() else None
+        return
     ckpt = ray.train.get_checkpoint()
     if ckpt is None:
         yield Path(START_FROM) if START_FROM else None

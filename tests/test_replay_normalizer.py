@@ -141,3 +141,17 @@ def test_normalizer_merge_equals_pooled_statistics_and_round_trips():
     assert torch.equal(copy.normalize(x), merged.normalize(x))
     with pytest.raises(ValueError, match="shape"):
         merged.merge_(RunningNormalizer(2))
+
+
+def test_a_resized_buffer_keeps_the_newest_rows_in_order():
+    import torch
+
+    from algos.lift.replay import ReplayBuffer
+    buf = ReplayBuffer(5, {"x": ((1,), torch.float32)})
+    buf.add({"x": torch.arange(7.0).reshape(-1, 1)})  # the ring wrapped: it holds 2..6
+    bigger, smaller = buf.resized(8), buf.resized(3)
+    assert bigger.storage["x"][: len(bigger), 0].tolist() == [2.0, 3.0, 4.0, 5.0, 6.0]
+    assert smaller.storage["x"][: len(smaller), 0].tolist() == [4.0, 5.0, 6.0]
+    bigger.add({"x": torch.tensor([[7.0]])})
+    assert len(bigger) == 6 and bigger.storage["x"][5, 0] == 7.0
+    assert len(ReplayBuffer(4, buf.specs).resized(2)) == 0

@@ -93,6 +93,16 @@ class ReplayBuffer:
         idx = torch.randint(self.size, (n,), generator=generator, device=self.device)
         return {name: t[idx] for name, t in self.storage.items()}
 
+    def resized(self, capacity: int) -> "ReplayBuffer":
+        """A buffer of ``capacity`` rows holding this one's newest min(size, capacity) rows, oldest first (LIFT
+        rebuilds its SAC buffer this way when the model horizon changes)."""
+        out = ReplayBuffer(capacity, self.specs, device=self.device)
+        if self.size:
+            order = (self.ptr - self.size + torch.arange(self.size, device=self.device)) % self.capacity
+            order = order[-out.capacity:]
+            out.add({name: t[order] for name, t in self.storage.items()})
+        return out
+
     def state_dict(self) -> dict[str, Any]:
         """Filled rows (CPU tensors), ring pointer and layout; ``load_state_dict`` restores them bit-exactly.
         Exact resume needs the rows, so each checkpoint copies the filled ring to host memory once (a 1M-row humanoid

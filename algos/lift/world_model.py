@@ -84,9 +84,12 @@ class WorldModelConfig:
     batch_size: int = 200
     train_steps: int = 3000  # maximum number of gradient steps per ``train_world_model`` call
     loss_horizon: int = 1  # H of the multi-step loss (LIFT: 1 pretraining, 4 finetuning)
-    holdout_fraction: float = 0.2  # episodes held out for early stopping and the reported errors
+    holdout_fraction: float = 0.2  # share held out for early stopping and the reported errors
+    # "episodes": whole episodes held out (unseen states); "transitions": a random share of the rows (LIFT's
+    # ``process_data``: a permutation of the env buffer, 20 % test)
+    holdout_split: str = "episodes"
     eval_horizon: int = 10  # the "10-step" error
-    eval_every: int = 250  # gradient steps between hold-out evaluations
+    eval_every: int = 250  # gradient steps between hold-out evaluations; 0: one pass over the training windows
     max_eval_windows: int = 1000
     normalizer_rows: int = 5000  # transitions used to fit the input/output scalers
     seed: int = 0
@@ -107,7 +110,11 @@ class WorldModelConfig:
         for name in ("lr",):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
-        for name in ("batch_size", "train_steps", "loss_horizon", "eval_horizon", "eval_every", "max_eval_windows",
+        if self.holdout_split not in ("episodes", "transitions"):
+            raise ValueError(f"holdout_split must be 'episodes' or 'transitions', got {self.holdout_split!r}")
+        if self.eval_every < 0:
+            raise ValueError(f"eval_every must be >= 0 (0: once per pass over the data), got {self.eval_every}")
+        for name in ("batch_size", "train_steps", "loss_horizon", "eval_horizon", "max_eval_windows",
                      "normalizer_rows"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")

@@ -30,12 +30,17 @@ REQUIRED_COLUMNS: tuple[str, ...] = ("qpos", "qvel", "action", "next_qpos", "nex
 @dataclass
 class EarlyStopping:
     """Stop after ``patience`` evaluations without a ``min_improvement`` relative gain of the hold-out loss
-    (LIFT finetuning: 1%, 6 epochs); the best weights are restored."""
+    (LIFT finetuning: 1%, 6 epochs); the best weights are restored. ``metric``: the hold-out loss compared, "nll"
+    (the training loss) or "mse" (the mean prediction's squared error, LIFT's ``test_mean_loss``: a Gaussian head can
+    lower its NLL by its variance alone while its mean gets worse)."""
 
     patience: int = 6
     min_improvement: float = 0.01
+    metric: str = "nll"
 
     def __post_init__(self) -> None:
+        if self.metric not in ("nll", "mse"):
+            raise ValueError(f"metric must be 'nll' or 'mse', got {self.metric!r}")
         if self.patience < 1:
             raise ValueError(f"patience must be >= 1, got {self.patience}")
         if self.min_improvement < 0:
@@ -113,6 +118,17 @@ def gather_windows(tensors: Mapping[str, Tensor], index: np.ndarray, valid: np.n
     return {"qpos": take(tensors["qpos"], idx[:, 0]), "qvel": take(tensors["qvel"], idx[:, 0]),
             **{k: take(tensors[k], idx) for k in ("action", "next_qpos", "next_qvel", "terminated")},
             "valid": torch.as_tensor(valid).to(device)}
+
+
+def split_rows(successor: np.ndarray, holdout_fraction: float, rng: np.random.Generator,
+               by: str = "episodes") -> tuple[np.ndarray, np.ndarray]:
+    """Training and hold-out rows: whole episodes (``split_episodes``) or a random share of the rows (LIFT's finetuning
+    refit: windows may run from a training row into a hold-out row, as its buffer slices do)."""
+    if by == "episodes":
+        return split_episodes(successor, holdout_fraction, rng)
+    order = rng.permutation(len(successor))
+    n_holdout = max(1, int(holdout_fraction * len(order)))
+    return np.sort(order[n_holdout:]), np.sort(order[:n_holdout])
 
 
 def split_episodes(successor: np.ndarray, holdout_fraction: float,
@@ -215,7 +231,7 @@ def train_world_model(model: WorldModel, data: Mapping[str, np.ndarray], cfg: Wo
     dtype, device = model.delta_std.dtype, model_device(model)
     tensors = as_tensors(data, dtype, device)  # once on the model's device; batches are gathered there
     successor = successor_index(data)
-    train_rows, holdout_rows = split_episodes(successor, cfg.holdout_fraction, rng)
+    train_rows, holdout_rows = split_rows(successor, cfg.holdout_fraction, rng, cfg.holdout_split)
     # every check that can fail comes before the first change to the model
     if len(train_rows) == 0 or len(holdout_rows) == 0:
         raise ValueError(f"need training and hold-out episodes, got {len(train_rows)} and {len(holdout_rows)} rows")
@@ -241,10 +257,13 @@ def train_world_model(model: WorldModel, data: Mapping[str, np.ndarray], cfg: Wo
     optimiser = torch.optim.Adam(model.parameters(), lr=cfg.lr)
     best_loss, best_state, stale, stopped_early = math.inf, None, 0, False
     history: list[float] = []
+    key = "normalized_mse" if early_stopping is not None and early_stopping.metric == "mse" else "nll"
+    eval_every = cfg.eval_every or max(1, len(train_index) // cfg.batch_size)  # 0: once per pass (LIFT's epochs)
     with torch.no_grad():
         _, initial_metrics = model.loss(holdout_batch)
+    kept_incoming = False
     if early_stopping is not None and scalers != "fit":  # a warm start: never return something worse than it
-        best_loss, best_state = initial_metrics["nll"], snapshot(model)
+        best_loss, best_state, kept_incoming = initial_metrics[key], snapshot(model), True
     order, cursor, running, steps = rng.permutation(len(train_index)), 0, 0.0, 0
     for steps in range(1, cfg.train_steps + 1):
         if cursor + cfg.batch_size > len(order):  # epochs over shuffled windows, as MBPO/LIFT
@@ -256,18 +275,18 @@ def train_world_model(model: WorldModel, data: Mapping[str, np.ndarray], cfg: Wo
         loss.backward()
         optimiser.step()
         running += loss.item()
-        if steps % cfg.eval_every == 0 or steps == cfg.train_steps:
+        if steps % eval_every == 0 or steps == cfg.train_steps:
             with torch.no_grad():
                 _, holdout_metrics = model.loss(holdout_batch)
-            holdout_loss = holdout_metrics["nll"]
+            holdout_loss = holdout_metrics[key]
             history.append(holdout_loss)
-            log.debug("step %d train %.4f holdout %.4f", steps, running / cfg.eval_every, holdout_loss)
+            log.debug("step %d train %.4f holdout %.4f", steps, running / eval_every, holdout_loss)
             running = 0.0
             if early_stopping is not None:
                 improved = (not math.isfinite(best_loss)
                             or best_loss - holdout_loss > early_stopping.min_improvement * abs(best_loss))
                 if holdout_loss < best_loss:
-                    best_loss, best_state = holdout_loss, snapshot(model)
+                    best_loss, best_state, kept_incoming = holdout_loss, snapshot(model), False
                 stale = 0 if improved else stale + 1
                 if stale >= early_stopping.patience:
                     stopped_early = True
@@ -283,6 +302,7 @@ def train_world_model(model: WorldModel, data: Mapping[str, np.ndarray], cfg: Wo
     return {
         "steps": steps,
         "stopped_early": stopped_early,
+        "kept_incoming": kept_incoming,  # no evaluation beat the model as it came in: it is returned unchanged
         "train_seconds": train_seconds,
         "holdout_nll": final_metrics["nll"],
         "holdout_nll_initial": initial_metrics["nll"],

@@ -245,16 +245,18 @@ def _policy(ctx: UnitContext):
     return lambda obs: agent.act(obs, True).numpy()
 
 
-def run_gate(ctx: UnitContext) -> dict:
+def run_gate(ctx: UnitContext, ladder_fn: Any = None, keep_limit: float = KEEP_LIMIT) -> dict:
     """The pretrained policy's return in the reference env and zero-shot in the changed env, up the change's ladder
-    until it keeps < 80 % of its return; records every rung tried and the one chosen."""
+    (``ladder_fn(change)``, default this study's ``ladder``) until it keeps < ``keep_limit`` of its return; records
+    every rung tried and the one chosen."""
     from envs.control.rollout import evaluate
     change = ctx.setting["change"]
+    rungs = (ladder_fn or ladder)(change)
     episodes = ctx.size("gate_episodes", GATE_EPISODES)
     policy = _policy(ctx)
     tried, chosen = [], None
     references: dict[str, float] = {}
-    for rung in ladder(change):
+    for rung in rungs:
         key = repr(rung["reference"])
         if key not in references:
             references[key] = float(np.mean(evaluate(TASK, policy, episodes, 2024, rung["reference"]).returns))
@@ -264,8 +266,8 @@ def run_gate(ctx: UnitContext) -> dict:
         kept = zero / pre if pre > 0 else float("nan")
         tried.append({**rung, "pre_change_return": pre, "zero_shot_return": zero, "kept": kept,
                       "zero_shot_falls": stats.terminations, "zero_shot_returns": stats.returns})
-        ctx.progress(len(tried), len(ladder(change)), "rungs", pre=pre, zero_shot=zero, kept=kept)
-        if kept < KEEP_LIMIT:
+        ctx.progress(len(tried), len(rungs), "rungs", pre=pre, zero_shot=zero, kept=kept)
+        if kept < keep_limit:
             chosen = tried[-1]
             break
     weak = chosen is None
@@ -300,22 +302,102 @@ def choose_coefficients(ctx: UnitContext) -> tuple[dict, dict]:
 def run_method(ctx: UnitContext) -> dict:
     """One method x change x seed: the chosen change of the gate, the chosen coefficients, 16 (tuning: 8) epochs."""
     from experiments.lift.finetune_config import METHOD_SPECS
-    from experiments.lift.finetune_local import finetune
     gate = ctx.records()[f"gate-{ctx.setting['change']}"]
     point, choice = choose_coefficients(ctx)
     exp = exp_config(ctx, load_alpha=point["temperature"] == "keep", sac={"tau": point["tau"]},
                      epochs=ctx.size("epochs", ctx.setting["epochs"]))
     kind = METHOD_SPECS[ctx.unit.method].model
     stage2 = ctx.artifacts / "stage2" / f"{kind}.pt" if kind else None
-    body = finetune(ctx.unit.method, TASK, gate["chosen"]["env"], exp, ctx.seed, ctx.artifacts / "pretrain" / "agent.pt",
-                    stage2, gate["metrics"]["pre_change_return"], gate["metrics"]["zero_shot_return"], ctx.progress)
+    body = finetune(ctx.unit.method, gate["chosen"]["env"], exp, ctx.seed, ctx.artifacts / "pretrain" / "agent.pt",
+                    stage2, gate["metrics"]["pre_change_return"], gate["metrics"]["zero_shot_return"],
+                    ctx.work_dir / "run")
     return {**body, "coefficients": point, "choice": choice, "change_spec": gate["chosen"],
             "schedule": {k: getattr(exp, k) for k in STUDY_EXP} | {"epochs": exp.epochs}}
 
 
+FIXED_STEPS = (250, 500, 1000, 2000, 4000)  # real-step counts at which every method's return is reported
+
+
+def finetune(method: str, change: dict, exp: Any, seed: int, agent_path: Path, stage2_path: Path | None,
+             pre_change: float, zero_shot: float, run_path: Path, task: str = TASK,
+             fixed_steps: tuple[int, ...] = FIXED_STEPS) -> dict[str, Any]:
+    """``method`` finetuned by the learner a cluster job runs (``finetune_learner.run_one_rank``: one rank, the pool's
+    samplers in this process, the checkpoint in ``run_path``), then its metric rows as a record body: return at fixed
+    real-step counts, real steps to 80 % recovery, falls, the world model's held-out errors per epoch, the curves."""
+    import dataclasses
+    import shutil
+
+    from algos.lift.finetune import steps_to_recover
+    from cluster.metrics import read_metrics
+    from experiments.lift.finetune import method_rows
+    from experiments.lift.finetune_learner import run_one_rank
+    if stage2_path is None and exp_needs_model(method):
+        raise ValueError(f"{method} needs a stage-2 world model")
+    started = time.perf_counter()
+    shutil.rmtree(run_path, ignore_errors=True)  # a unit starts afresh: a killed attempt's rows would double count
+    config = {"experiment": dataclasses.asdict(exp), "pool": {}, "run_path": str(run_path),
+              "run_id": f"study-{method}-s{seed}", "task": task, "seed": seed, "torch_threads": 1,
+              "change": change, "method": method, "agent_path": str(agent_path), "replay": [], "pretrain_run": None,
+              "stage2": str(stage2_path) if stage2_path else None, "pre_change_return": pre_change,
+              "zero_shot_return": zero_shot}
+    run_one_rank(config)
+    rows = method_rows(read_metrics(run_path), method)
+    ev = rows.dropna(subset=["eval_return"])
+    steps, returns = ev["real_env_steps"].to_numpy().astype(int), ev["eval_return"].to_numpy().astype(float)
+    trained = ev[ev["epoch"] >= 0]
+
+    def column(name: str) -> list:
+        return [_jsonable(v) if v == v else None for v in ev[name]] if name in ev else [None] * len(ev)
+
+    recover = steps_to_recover(steps, returns, pre_change, zero_shot)
+    budget = int(steps.max()) if len(steps) else 0
+    real_steps = budget
+    falls = int(ev["falls_total"].max()) if len(ev) else 0
+    heldout = [v for v in column("wm_heldout_error_1step") if v is not None]
+    curves = {"real_steps": steps.tolist(), "eval_return": returns.tolist(), "epoch": column("epoch"),
+              "falls_total": column("falls_total"), "sac_steps": (ev["updates"] - ev["updates"].iloc[0]).tolist(),
+              "wm_heldout_1step": column("wm_heldout_error_1step"),
+              "wm_heldout_10step": column("wm_heldout_error_10step"),
+              "wm_stage2_heldout_1step": column("wm_stage2_heldout_error_1step"),
+              "wm_stage2_heldout_10step": column("wm_stage2_heldout_error_10step"),
+              "wm_train_steps": column("wm_steps"), "wm_kept_incoming": column("wm_kept_incoming"),
+              "model_transitions": column("model_transitions"), "model_buffer": column("model_buffer"),
+              "horizon": column("horizon"), "hupt": column("hupt")}
+    last = rows.iloc[-1]
+    metrics = {
+        "real_steps_to_recover": recover,
+        "recovered": recover is not None,
+        "real_steps_to_recover_censored": float(recover if recover is not None else budget),
+        "return_at": {str(s): float(returns[steps == s][0]) for s in fixed_steps if (steps == s).any()},
+        "final_return": float(trained["eval_return"].iloc[-1]) if len(trained) else None,
+        "best_return": float(trained["eval_return"].max()) if len(trained) else None,
+        "mean_return": float(trained["eval_return"].mean()) if len(trained) else None,
+        "falls": falls,
+        "falls_per_1000": 1000.0 * falls / max(real_steps, 1),
+        "episodes": int(rows["episodes"].sum()) if "episodes" in rows else None,
+        **{f"max_{k}": _jsonable(last.get(f"max_{k}_total")) for k in ("joint_excursion", "joint_speed",
+                                                                       "torso_tilt")},
+        "action_rate": _jsonable(float(np.nanmean(trained["action_rate"]))) if "action_rate" in trained else None,
+        "real_steps": real_steps,
+        "stochastic_requests": _jsonable(last.get("stochastic_requests")),
+        "sac_steps": int(rows["updates"].max() - rows["updates"].min()),
+        "wm_heldout_1step_mean": float(np.mean(heldout)) if heldout else None,
+        "wm_heldout_1step_final": heldout[-1] if heldout else None,
+        "pre_change_return": pre_change,
+        "zero_shot_return": zero_shot,
+        "loop_wall_s": time.perf_counter() - started,
+    }
+    return {"metrics": metrics, "curves": curves}
+
+
+def exp_needs_model(method: str) -> bool:
+    from experiments.lift.finetune_config import METHOD_SPECS
+    return METHOD_SPECS[method].model is not None
+
+
 def _jsonable(v: Any) -> Any:
     if isinstance(v, (np.floating, np.integer)):
-        return v.item()
+        v = v.item()
     if isinstance(v, float) and not math.isfinite(v):
         return None
     return v

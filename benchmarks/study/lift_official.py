@@ -12,11 +12,27 @@ Declared before any seed runs (this file's history is the record of when):
                     episodes. The start model must hold: while the last three evaluations spread by more than
                     ``HOLD_SPREAD`` of their mean, pretraining extends by ``EXTEND_STEPS`` (``pretrain_target``), up to
                     ``PRETRAIN_CAP``. Then stage 2 fits the physics world model on the newest 20k transitions.
+  check-start (gate) the start model holds: its last three evaluations agree within ``HOLD_SPREAD`` and, in the
+                    *unchanged* env, a matched SAC finetune (``CONTROL_METHOD``, 1000 real steps, no prefill) keeps
+                    >= ``CONTROL_KEEP`` of the pre-change return. No unit after it runs on a start model that fails.
+  gate-<change> (gate) zero-shot: the pretrained policy in the changed env up the change's ladder (``ladder``) until
+                    it keeps < ``KEEP_LIMIT`` of its return (a change too weak leaves no recovery to measure).
+  room-<change> (gate) the model has room: LIFT for ``ROOM_EPOCHS`` epochs on tuning seed 100; by epoch 2 the refit
+                    physics model's 1-step error on that epoch's fresh real data is at most the frozen stage-2
+                    model's. If not, every method unit of the change refuses (the refit must be fixed first).
+  <change>-<method>-s<seed> (report) ``METHODS`` on seeds 10-14, ``APPENDIX_METHODS`` on seeds 10-11: the learner's
+                    own loop (``experiments.lift.finetune_learner.run_one_rank``) with ``STUDY_EXP``: LIFT's
+                    schedule shape scaled to 6 epochs of 500 real steps after a 1000-step prefill, so LIFT does
+                    0.4 -> 4 SAC steps per real step (LIFT: 0.2 -> 20 over 1000-step epochs; HUPT's end 1000 -> 100,
+                    x0.1; the horizon schedule is LIFT's own, reaching H = 10 by the last epoch); LIFT's finetuning
+                    coefficients for every method (no tuning); 10 deterministic evaluation episodes per epoch.
 """
 from __future__ import annotations
 
 import json
 from pathlib import Path
+
+import numpy as np
 
 from benchmarks.study import lift as first_study
 from benchmarks.study.core import Study, Unit, UnitContext
@@ -29,6 +45,47 @@ EXTEND_STEPS = 20_000
 HOLD_SPREAD = 0.15  # (max - min) / mean of the last three evaluations
 EVAL_EPISODES = 10
 WM_KINDS = ("physics",)
+COMMAND = 1.0  # m/s, inside the pretraining range [0, 1.5]: the policy walks at it
+CONTROL_METHOD = "sac_finetune_matched"
+CONTROL_KEEP = 0.9
+CONTROL_SEED = 100
+KEEP_LIMIT = 0.8
+ROOM_EPOCHS = 3
+ROOM_SEED = 100
+CHANGES = ("friction", "mass")
+METHODS = ("sac_finetune", "sac_finetune_matched", "lift", "lift_frozen_model")
+APPENDIX_METHODS = ("lift_stochastic",)
+REPORT_SEEDS = (10, 11, 12, 13, 14)
+APPENDIX_SEEDS = (10, 11)
+FIXED_STEPS = (1500, 2000, 3000, 4000)  # real steps, the 1000-step prefill included
+# experiments.lift.finetune_config.Config of every finetuning unit (see the module docstring for the scale)
+STUDY_EXP = dict(
+    epochs=6, real_steps_per_epoch=500, prefill_steps=1000, num_real_envs=1, rollout_batch=400,
+    horizon_schedule=[0, 10, 1, 20], hupt_schedule=[0, 4, 10, 100], updates_per_rollout=20, real_ratio=0.06,
+    model_buffer_flush=False, model_buffer_capacity=400_000, obs_noise=1.0, env_buffer_capacity=60_000,
+    wm_retrain_first=True, wm_pretrain_steps=3000, wm_retrain_steps=1500, wm_loss_horizon=4, wm_patience=6,
+    wm_min_improvement=0.01, eval_episodes=EVAL_EPISODES, baseline_updates_per_step=1.0, baseline_chunk_steps=50,
+)
+# Declared core-seconds per unit (the loop's phases at these sizes on a 2-core EPYC; corrected by measurements)
+EST_CORE_S = {"lift": 330.0, "lift_frozen_model": 250.0, "lift_stochastic": 330.0, "sac_finetune_matched": 250.0,
+              "sac_finetune": 160.0}
+
+
+def command(v: float = COMMAND) -> dict:
+    return {"command_range": [v, v], "sigma": 0.5}
+
+
+def ladder(change: str) -> list[dict]:
+    """The rungs of a change, mildest first (issue 36: friction x0.1; torso mass x2 kept 97 % in the first study, so
+    its ladder starts at x3)."""
+    reference = {"target_velocity": command()}
+    if change == "friction":
+        return [{"label": f"friction x{s}", "env": {**reference, "friction": {"scale": s}}, "reference": reference}
+                for s in (0.1, 0.05)]
+    if change == "mass":
+        return [{"label": f"torso mass x{s}", "env": {**reference, "mass": {"scale": s}}, "reference": reference}
+                for s in (3.0, 4.0, 5.0)]
+    raise ValueError(f"unknown change {change!r}; choose from {CHANGES}")
 
 
 def start_files(artifacts: Path) -> list[Path]:
@@ -50,9 +107,108 @@ def pretrain_target(eval_returns: list[float], target: int, extend: int = EXTEND
 
 
 def units() -> list[Unit]:
-    return [Unit("pretrain", "stage", "pretrain", PRETRAIN_SEED, "benchmarks.study.lift_official:run_pretrain",
+    fn = "benchmarks.study.lift_official:"
+    plan = [Unit("pretrain", "stage", "pretrain", PRETRAIN_SEED, fn + "run_pretrain",
                  {"target": PRETRAIN_TARGET, "cap": PRETRAIN_CAP, "extend": EXTEND_STEPS, "hold_spread": HOLD_SPREAD,
-                  "eval_episodes": EVAL_EPISODES, "wm_kinds": list(WM_KINDS)}, est_core_s=4 * 3600.0)]
+                  "eval_episodes": EVAL_EPISODES, "wm_kinds": list(WM_KINDS)}, est_core_s=4 * 3600.0),
+            Unit("check-start", "gate", CONTROL_METHOD, None, fn + "run_check_start",
+                 {"control_seed": CONTROL_SEED, "keep": CONTROL_KEEP, "hold_spread": HOLD_SPREAD}, ("pretrain",),
+                 est_core_s=200.0)]
+    for c in CHANGES:
+        plan.append(Unit(f"gate-{c}", "gate", "gate", None, fn + "run_gate", {"change": c, "keep_limit": KEEP_LIMIT},
+                         ("check-start",), est_core_s=90.0))
+        plan.append(Unit(f"room-{c}", "gate", "lift", None, fn + "run_room", {"change": c, "seed": ROOM_SEED,
+                                                                             "epochs": ROOM_EPOCHS},
+                         (f"gate-{c}",), est_core_s=EST_CORE_S["lift"] * ROOM_EPOCHS / STUDY_EXP["epochs"]))
+    for seed in REPORT_SEEDS:
+        for c in CHANGES:
+            for m in METHODS + (APPENDIX_METHODS if seed in APPENDIX_SEEDS else ()):
+                plan.append(Unit(f"{c}-{m}-s{seed}", "report", m, seed, fn + "run_method", {"change": c},
+                                 ("check-start", f"gate-{c}", f"room-{c}"), est_core_s=EST_CORE_S[m]))
+    return plan
+
+
+def exp_config(ctx: UnitContext, **extra):
+    from experiments.lift.finetune_config import Config
+    return Config(**{**STUDY_EXP, **ctx.size("exp", {}), **extra})
+
+
+def _finetune(ctx: UnitContext, method: str, env: dict, seed: int, pre: float, zero: float, **extra) -> dict:
+    from experiments.lift.finetune_config import METHOD_SPECS
+    exp = exp_config(ctx, **extra)
+    kind = METHOD_SPECS[method].model
+    return first_study.finetune(method, env, exp, seed, ctx.artifacts / "pretrain" / "agent.pt",
+                                ctx.artifacts / "stage2" / f"{kind}.pt" if kind else None, pre, zero,
+                                ctx.work_dir / f"run-{method}-s{seed}", fixed_steps=FIXED_STEPS)
+
+
+def run_check_start(ctx: UnitContext) -> dict:
+    """The start model holds: the last three pretraining evaluations within ``hold_spread`` of their mean, and the
+    matched SAC finetune in the unchanged env keeps >= ``keep`` of the pre-change return after 1000 real steps."""
+    from envs.control.rollout import evaluate
+    pretrain = ctx.records()["pretrain"]
+    last3 = pretrain["curves"]["eval_return"][-3:]
+    spread = (max(last3) - min(last3)) / (sum(last3) / 3)
+    reference = {"target_velocity": command()}
+    episodes = ctx.size("gate_episodes", EVAL_EPISODES)
+    pre = float(np.mean(evaluate(TASK, first_study._policy(ctx), episodes, 2024, reference).returns))
+    seed = ctx.setting["control_seed"]
+    body = _finetune(ctx, CONTROL_METHOD, reference, seed, pre, pre, prefill_steps=0,
+                     epochs=ctx.size("control_epochs", 2))
+    final = body["metrics"]["final_return"]
+    kept = final / pre if pre > 0 else float("nan")
+    holds = spread <= ctx.setting["hold_spread"] and kept >= ctx.setting["keep"]
+    return {"metrics": {"last3": last3, "spread": spread, "pre_change_return": pre, "control_final_return": final,
+                        "control_kept": kept, "control_real_steps": body["metrics"]["real_steps"],
+                        "control_sac_steps": body["metrics"]["sac_steps"], "holds": bool(holds)},
+            "control": body}
+
+
+def run_gate(ctx: UnitContext) -> dict:
+    return first_study.run_gate(ctx, ladder, ctx.setting["keep_limit"])
+
+
+def room_verdict(curves: dict, epoch: int = 2) -> dict:
+    """Whether the refit model's 1-step error on epoch ``epoch``'s fresh real data is at most the frozen stage-2
+    model's (the room gate; ``curves`` of a LIFT record: one entry per evaluation, the zero-shot point first)."""
+    epochs = curves["epoch"]
+    if epoch not in epochs:
+        raise ValueError(f"the room run has no epoch {epoch}: epochs {epochs}")
+    i = epochs.index(epoch)
+    refit, frozen = curves["wm_heldout_1step"][i], curves["wm_stage2_heldout_1step"][i]
+    if refit is None or frozen is None:
+        raise ValueError(f"epoch {epoch} has no held-out errors (refit {refit}, frozen {frozen})")
+    return {"epoch": epoch, "refit_1step": refit, "frozen_1step": frozen, "ratio": refit / frozen,
+            "passed": bool(refit <= frozen)}
+
+
+def run_room(ctx: UnitContext) -> dict:
+    """LIFT on the gate's change for ``epochs`` epochs (tuning seed): the refit's error against the frozen model's."""
+    gate = ctx.records()[f"gate-{ctx.setting['change']}"]
+    body = _finetune(ctx, "lift", gate["chosen"]["env"], ctx.setting["seed"], gate["metrics"]["pre_change_return"],
+                     gate["metrics"]["zero_shot_return"], epochs=ctx.size("epochs", ctx.setting["epochs"]))
+    verdict = room_verdict(body["curves"], min(2, ctx.size("epochs", ctx.setting["epochs"]) - 1))
+    return {"metrics": verdict, "run": body, "change_spec": gate["chosen"]}
+
+
+def run_method(ctx: UnitContext) -> dict:
+    """One method x change x seed, after the start model held and the change's model had room; refuses otherwise."""
+    from benchmarks.study.core import StudyError
+    records = ctx.records()
+    change = ctx.setting["change"]
+    for gate in ("check-start", f"room-{change}"):
+        if gate not in records:
+            raise StudyError(f"lift_official/{ctx.unit.name}: {gate} has no record yet")
+    if not records["check-start"]["metrics"]["holds"]:
+        raise StudyError(f"lift_official/{ctx.unit.name}: refused: the start model does not hold "
+                         f"({records['check-start']['metrics']})")
+    if not records[f"room-{change}"]["metrics"]["passed"]:
+        raise StudyError(f"lift_official/{ctx.unit.name}: refused: the refit is worse than the frozen model on "
+                         f"{change} ({records[f'room-{change}']['metrics']}); fix the refit first")
+    gate = records[f"gate-{change}"]
+    body = _finetune(ctx, ctx.unit.method, gate["chosen"]["env"], ctx.seed, gate["metrics"]["pre_change_return"],
+                     gate["metrics"]["zero_shot_return"], epochs=ctx.size("epochs", STUDY_EXP["epochs"]))
+    return {**body, "change_spec": gate["chosen"], "schedule": dict(STUDY_EXP)}
 
 
 def run_pretrain(ctx: UnitContext) -> dict | None:

@@ -18,6 +18,7 @@ class MethodSpec:
     model: str | None  # "physics" | "prior_only" | "residual_only" | "blackbox" | None
     deterministic_real: bool
     updates: str = "fixed"
+    frozen_model: bool = False  # the stage-2 model is never refitted (does the refit carry LIFT's gain?)
 
 
 # The order is the ``method_id`` of the metric rows: append, never reorder.
@@ -31,6 +32,7 @@ METHOD_SPECS: dict[str, MethodSpec] = {
     "lift_residual_only": MethodSpec("residual_only", True),  # LIFT's model without the prior (M = I, no bias)
     # the 2x2's fourth cell (no model, deterministic real actions) at LIFT's SAC steps per real step
     "sac_deterministic": MethodSpec(None, True, "matched"),
+    "lift_frozen_model": MethodSpec("physics", True, frozen_model=True),  # LIFT with the stage-2 model kept as it is
 }
 METHODS = tuple(METHOD_SPECS)
 FINETUNE_TASKS = ("inverted_pendulum", "walker2d", "half_cheetah", "humanoid_state")
@@ -63,9 +65,11 @@ class Config:
     hupt_schedule: list[int] = field(default_factory=lambda: [0, 4, 10, 200])  # LIFT [0, 4, 10, 1000]
     updates_per_rollout: int = 20  # SAC steps per branch (LIFT 20)
     real_ratio: float = 0.06
-    # The model buffer holds one epoch of rollouts: flushed at each epoch and sized min(HUPT·rollout_batch·H, cap)
-    # (LIFT: min(HUPT·400·H, 400k)); false keeps one FIFO buffer of the cap across epochs (MBPO).
-    model_buffer_flush: bool = True
+    # The model buffer (LIFT's SAC buffer) holds model rollouts and every real step, is sized
+    # min(HUPT(e)·rollout_batch·H(e), cap) whenever H changes and keeps its newest rows then (LIFT's
+    # update_model_horizon); true empties it after every model refit (LIFT's clear_model_buffer_after_model_train,
+    # false in its finetuning config).
+    model_buffer_flush: bool = False
     model_buffer_capacity: int = 400_000
     # The actor sees model states through Gaussian noise of this many predicted stds (LIFT's
     # wm_noise_to_actor_noise: 1); 0 feeds it the model's mean.
@@ -98,9 +102,9 @@ class Config:
     # Stage 2 is fitted once per model kind with this seed and cached in the pretraining run (wm/), so every
     # finetuning seed starts from the same world model, as from the same pretrained policy.
     wm_pretrain_seed: int = 0
-    wm_retrain_steps: int = 600
+    wm_retrain_steps: int = 2000  # Adam steps at most per refit (LIFT: up to 1000 passes; its test loss stops it)
     wm_loss_horizon: int = 4  # LIFT finetuning: 4
-    wm_eval_every: int = 100
+    wm_eval_every: int = 100  # stage 2's hold-out check, in Adam steps (a refit checks after every pass, as LIFT)
     wm_patience: int = 6
     wm_min_improvement: float = 0.01
     blackbox_ensemble_size: int = 5

@@ -2,14 +2,21 @@
 
 Before the first epoch: stage 2 (the world model fitted on the pretraining replay, cached in the pretraining run),
 the zero-shot point of the curve and a prefill of the real buffer. Per epoch e, in the order of LIFT's
-``finetune_wm_ac.py`` (model-based methods; the model-free ones replace 1-3 by SAC on real data):
-    1. retrain the world model on all real data of the changed env (early stopping, warm start, scalers refit);
-    2. collect ``real_steps_per_epoch`` real steps through the pool (deterministic actions for LIFT); before the model
-       sees them they are its held-out data: the per-epoch world-model error on real transitions;
+``world_model/finetune_wm_ac.py`` (model-based methods; the model-free ones replace 0-3 by SAC on real data):
+    0. when H(e) changes, the model buffer is rebuilt at min(HUPT(e)·rollout_batch·H(e), cap) rows, keeping its
+       newest rows (LIFT's ``update_model_horizon``);
+    1. retrain the world model on all real data of the changed env (random 20 % hold-out, early stopping on its
+       mean squared error, warm start, scalers refit); ``model_buffer_flush`` empties the model buffer after it;
+    2. collect ``real_steps_per_epoch`` real steps through the pool (deterministic actions for LIFT) into the real
+       buffer *and* the model buffer (LIFT's SAC buffer holds real steps too, the prefill's included); before the
+       model sees them they are its held-out data: the per-epoch world-model error on real transitions;
     3. HUPT(e) x {model rollouts of H(e) steps from real states with the stochastic policy, the actor seeing the
-       model's std as noise -> the epoch's model buffer; ``updates_per_rollout`` SAC steps on mixed batches};
+       model's std as noise -> the model buffer; ``updates_per_rollout`` SAC steps on mixed batches};
     4. publish, evaluate deterministically in the changed env, log and checkpoint (every rank its own file).
 Every rank runs the same number of SAC steps in every phase (DDP all-reduces each backward).
+
+``train_fn`` runs under Ray Train with the shared pool; ``run_one_rank`` runs the same ``run_epochs`` in this process
+(``ddp.local_session``, ``cluster.local_pool``): the study units measure the loop a cluster job runs.
 """
 from __future__ import annotations
 
@@ -36,8 +43,9 @@ from envs.control.tasks import make_env
 from experiments.lift.finetune_config import METHOD_SPECS, METHODS, Config, rank_share
 from experiments.lift.learner_common import (evaluate_on_rank0, gather_max, learner_device, load_checkpoint,
                                              param_divergence, publish, save_checkpoint, sync_normalizer)
-from experiments.lift.world_models import (early_stopping, has_command, pretrain_world_model, rollout_functions,
-                                           stage2_cache_path, world_model_columns, world_model_config)
+from experiments.lift.world_models import (early_stopping, has_command, make_world_model, pretrain_world_model,
+                                           rollout_functions, stage2_cache_path, world_model_columns,
+                                           world_model_config)
 from experiments.registry import attach_pool
 
 log = logging.getLogger(__name__)
@@ -46,13 +54,32 @@ HELDOUT_HORIZON = 10  # steps of the open-loop error on each epoch's fresh real 
 
 
 def train_fn(config: dict) -> None:
-    """Stage 2, then the epochs of stage 3 (module docstring) until ``epochs`` are done."""
-    learner = FinetuneLearner(config)
+    """Stage 2, then the epochs of stage 3 (module docstring) until ``epochs`` are done: one Ray Train worker."""
+    run_epochs(FinetuneLearner(config))
+
+
+def run_one_rank(config: dict, pool: Any | None = None) -> Path:
+    """``train_fn`` in this process as rank 0 of 1, without Ray: the pool's samplers run here (``LocalPool``) and the
+    checkpoint is kept in ``run_path/checkpoints`` (a second call resumes). Returns the run path (metrics inside)."""
+    from cluster.local_pool import LocalPool
+    from experiments.registry import sampler_factories
+    local = pool or LocalPool(sampler_factories())
+    try:
+        with ddp.local_session(Path(config["run_path"]) / "checkpoints"):
+            run_epochs(FinetuneLearner(config, pool=local))
+    finally:
+        if pool is None:
+            local.close()
+    return Path(config["run_path"])
+
+
+def run_epochs(learner: "FinetuneLearner") -> None:
     exp = learner.exp
     learner.start()
     while learner.epoch < exp.epochs and not learner.recovered:
         learner.begin_epoch()
         if learner.model is not None:
+            learner.fit_model_buffer()  # 0. its size follows H(e)
             if exp.wm_retrain_first:
                 learner.retrain_model()  # 1. the model follows the new env's data
             learner.collect_real(exp.real_steps_per_epoch // learner.world, heldout=True)  # 2.
@@ -92,7 +119,7 @@ def build_agent(agent_path: Path, exp: Config, device: torch.device) -> tuple[SA
 class FinetuneLearner:
     """This rank's agent, world model, real and model buffers, and its real env shard on the pool."""
 
-    def __init__(self, config: dict) -> None:
+    def __init__(self, config: dict, pool: Any | None = None) -> None:
         ddp.set_threads(config["torch_threads"])
         ddp.quiet_logs()
         self.rank, self.world = ddp.rank(), ddp.world_size()
@@ -116,24 +143,28 @@ class FinetuneLearner:
         self.deterministic = self.spec.deterministic_real  # LIFT's deterministic_in_env; the baselines explore
         self.fields = transition_fields(self.agent.obs_dim, self.agent.act_dim)
         self.real_buffer = ReplayBuffer(exp.env_buffer_capacity, self.fields, device=device)
-        # model rollouts of the current epoch (LIFT flushes it per epoch: sized then) or, unflushed, a FIFO of the cap
+        # LIFT's SAC buffer: model rollouts and every real step, resized when H(e) changes (``fit_model_buffer``)
         self.model_buffer: ReplayBuffer | None = None
+        self.buffer_horizon: int | None = None
         self.real_data: list[dict[str, np.ndarray]] = []  # the model's view of every real transition (ctrl as action)
         self.gen = torch.Generator(device=device).manual_seed(seed * 7 + self.rank)
         self.counters = {"epoch": 0, "real_env_steps": 0, "falls_total": 0, "wall_s": 0.0,
                          **{f"max_{k}": 0.0 for k in SAFETY_KEYS}}
-        self.model, self.wm_metrics = self.pretrain_model(Path(config["pretrain_run"]),
-                                                          [Path(p) for p in config["replay"]])
+        self.model, self.wm_metrics = self.pretrain_model(config)
         # the stage-2 model, frozen: its error on each epoch's fresh real data says how far the change is from it
         self.stage2_model = copy.deepcopy(self.model) if self.model is not None else None
         self.units = self.model.state_std.clone() if self.model is not None else None  # fixed error units
         self.metrics = (MetricsLogger(run_path, flush_every=1, gauges=learner_tags(config["run_id"], method))
                         if self.rank == 0 else None)
         self.journal = Journal(run_path, [], metrics=self.metrics)
+        self.horizon = LinearSchedule.from_list(exp.horizon_schedule, "horizon_schedule")
+        self.hupt = LinearSchedule.from_list(exp.hupt_schedule, "hupt_schedule")
+        if self.model is not None:
+            self.fit_model_buffer()  # epoch 0's size: the prefill goes in first, as LIFT's
         self.resume()
         self.agent.wrap(ddp.wrap_ddp)
 
-        self.pool = attach_pool(config["pool"], scope=config["run_id"])
+        self.pool = pool if pool is not None else attach_pool(config["pool"], scope=config["run_id"])
         self.policy_key = f"{config['run_id']}/{method}/policy"
         # the real env's interface: a deterministic method's sampler refuses anything else
         self.env_config = {"task": task, "num_envs": exp.num_real_envs, "seed": seed * 1000 + self.rank,
@@ -147,19 +178,24 @@ class FinetuneLearner:
         self.recovered = False
         self.progress = Progress(f"lift_finetune {method}", exp.epochs, "epochs") if self.rank == 0 else None
         self.method_id = float(METHODS.index(method))
-        self.horizon = LinearSchedule.from_list(exp.horizon_schedule, "horizon_schedule")
-        self.hupt = LinearSchedule.from_list(exp.hupt_schedule, "hupt_schedule")
 
     @property
     def epoch(self) -> int:
         return self.counters["epoch"]
 
-    def pretrain_model(self, pretrain_run: Path, replay: list[Path]) -> tuple[Any, dict[str, Any]]:
+    def pretrain_model(self, config: dict) -> tuple[Any, dict[str, Any]]:
         """Stage 2 (model-based methods): rank 0 fits the model on the pretraining replay (or loads the fit cached in
-        the pretraining run); the other ranks load what it saved."""
+        the pretraining run); the other ranks load what it saved. ``config["stage2"]``: a saved stage-2 fit of this
+        method's kind ({"model": state_dict, "metrics": ...}) to start from instead (a study's start model)."""
         kind = self.spec.model
         if kind is None:
             return None, {}
+        if config.get("stage2"):
+            model = make_world_model(kind, self.task, self.exp, self.exp.wm_pretrain_seed).to(self.device)
+            saved = torch.load(config["stage2"], weights_only=True, map_location=self.device)
+            model.load_state_dict(saved["model"])
+            return model, saved.get("metrics", {})
+        pretrain_run, replay = Path(config["pretrain_run"]), [Path(p) for p in config["replay"]]
         cache = stage2_cache_path(pretrain_run, kind, self.task, self.exp)
         if self.rank == 0:
             model, metrics = pretrain_world_model(kind, self.task, self.exp, replay, cache, self.device)
@@ -181,12 +217,15 @@ class FinetuneLearner:
         self.gen.set_state(state["gen"])
         if self.model is not None:
             self.model.load_state_dict(state["model"])
+        if state.get("model_buffer") is not None:
+            self.buffer_horizon = state["buffer_horizon"]
+            self.model_buffer = ReplayBuffer(state["model_buffer"]["capacity"], self.fields, device=self.device)
+            self.model_buffer.load_state_dict(state["model_buffer"])
         if self.epoch < self.exp.epochs:
             # A resumed run re-enters every method's fit; a finished method redoes nothing and keeps its metric rows
             # (the methods after it wrote theirs into the same metrics store since).
             self.journal.rollback(state["journal"])
-        log.info("rank %d resumed at epoch %d (%d real steps); the model buffer restarts empty", self.rank,
-                 self.epoch, self.counters["real_env_steps"])
+        log.info("rank %d resumed at epoch %d (%d real steps)", self.rank, self.epoch, self.counters["real_env_steps"])
 
     # ----------------------------------------------------------------------------------------------- the steps
 
@@ -232,6 +271,8 @@ class FinetuneLearner:
         if exp.update_normalizer:
             sync_normalizer(self.agent.obs_normalizer, batch["obs"])
         self.real_buffer.add({k: batch[k] for k in self.real_buffer.specs})
+        if self.model_buffer is not None:  # LIFT's get_experience_brax inserts every real step into the SAC buffer
+            self.model_buffer.add({k: batch[k] for k in self.model_buffer.specs})
         columns = world_model_columns(batch)
         if self.commanded:
             columns["command"] = batch["obs"][:, -1].astype(np.float64)
@@ -259,22 +300,36 @@ class FinetuneLearner:
     def real_columns(self, keys: tuple[str, ...] | None = None) -> dict[str, np.ndarray]:
         return {k: np.concatenate([d[k] for d in self.real_data]) for k in (keys or self.real_data[0])}
 
+    def fit_model_buffer(self) -> None:
+        """LIFT's ``update_model_horizon``: when H(e) differs from the buffer's, a buffer of min(HUPT(e)·rollout_batch·
+        H(e), cap) rows replaces it, keeping its newest rows (none with ``model_buffer_flush``)."""
+        h = self.horizon(self.epoch)
+        if h == self.buffer_horizon:
+            return
+        capacity = min(self.hupt(self.epoch) * self.exp.rollout_batch * h, self.exp.model_buffer_capacity)
+        old, self.buffer_horizon = self.model_buffer, h
+        self.model_buffer = (old.resized(capacity) if old is not None and not self.exp.model_buffer_flush
+                             else ReplayBuffer(capacity, self.fields, device=self.device))
+
     def retrain_model(self) -> None:
         """Fit the world model (warm start, early stopping, scalers refit keeping its predictions) on every real
-        transition of the changed env so far."""
-        if not self.real_data:  # no prefill: nothing from the changed env yet
+        transition of the changed env so far; ``model_buffer_flush`` then empties the model buffer (LIFT's
+        ``clear_model_buffer_after_model_train``, false in its finetuning config)."""
+        if self.spec.frozen_model or not self.real_data:  # frozen, or no prefill: nothing from the changed env yet
             return
         exp = self.exp
         cfg = world_model_config(exp, pretrain=False, seed=self.seed * 1000 + self.epoch,
                                  ensemble=self.model.cfg.ensemble_size)
         try:
-            out = train_world_model(self.model, self.real_columns(), cfg, early_stopping(exp),
+            out = train_world_model(self.model, self.real_columns(), cfg, early_stopping(exp, pretrain=False),
                                     scalers=exp.wm_scalers, state_std=self.units)
         except ValueError as err:  # raised before any change to the model: it stays as it was
             log.warning("world model retraining skipped, the model is unchanged: %s", err)
             return
         self.row.update(wm_error_1step=out["error_1step"], wm_error_10step=out.get(f"error_{cfg.eval_horizon}step"),
-                        wm_steps=out["steps"], wm_train_s=out["train_seconds"])
+                        wm_steps=out["steps"], wm_train_s=out["train_seconds"], wm_kept_incoming=float(out["kept_incoming"]))
+        if self.exp.model_buffer_flush:
+            self.model_buffer = ReplayBuffer(self.model_buffer.capacity, self.fields, device=self.device)
 
     def branch_and_update(self) -> None:
         """HUPT(e) branches of H(e)-step model rollouts from real states into the epoch's model buffer, each followed
@@ -285,11 +340,6 @@ class FinetuneLearner:
         states = torch.as_tensor(np.concatenate([data["qpos"], data["qvel"]], -1), device=self.device).to(dtype)
         commands = torch.as_tensor(data["command"], device=self.device).to(dtype) if self.commanded else None
         h, n_branches = self.horizon(self.epoch), self.hupt(self.epoch)
-        if exp.model_buffer_flush or self.model_buffer is None:  # LIFT: one epoch of rollouts, min(HUPT·400·H, 400k)
-            capacity = exp.model_buffer_capacity
-            if exp.model_buffer_flush:
-                capacity = min(n_branches * exp.rollout_batch * h, capacity)
-            self.model_buffer = ReplayBuffer(capacity, self.fields, device=self.device)
         policy = lambda obs: self.agent.act(obs, False, self.gen)  # noqa: E731
         out = branch_and_update(
             self.model, self.branching, states, commands, policy, n_branches=n_branches, horizon=h,
@@ -360,7 +410,9 @@ class FinetuneLearner:
         real_data = ({k: torch.as_tensor(v) for k, v in self.real_columns().items()} if self.real_data else {})
         state = {"agent": self.agent.state_dict(), "real_buffer": self.real_buffer.state_dict(),
                  "real_data": real_data, "counters": c, "gen": self.gen.get_state(),
-                 "model": self.model.state_dict() if self.model is not None else None, "journal": self.journal.parts()}
+                 "model": self.model.state_dict() if self.model is not None else None, "journal": self.journal.parts(),
+                 "model_buffer": self.model_buffer.state_dict() if self.model_buffer is not None else None,
+                 "buffer_horizon": self.buffer_horizon}
         with ddp.checkpoint_dir() as d:
             save_checkpoint(d, state, self.agent, row)
         self.row = None

@@ -36,15 +36,21 @@ def world_model_columns(transitions: Mapping[str, np.ndarray]) -> dict[str, np.n
 
 
 def world_model_config(exp: Any, *, pretrain: bool, seed: int, ensemble: int = 1) -> WorldModelConfig:
-    """Stage 2 (``pretrain``: one-step loss, ``wm_pretrain_steps``) or a stage-3 retraining (``wm_loss_horizon``)."""
+    """Stage 2 (``pretrain``: one-step loss, ``wm_pretrain_steps``, whole episodes held out, a check every
+    ``wm_eval_every`` steps) or a stage-3 refit as LIFT's ``finetune_wm_ac.py`` runs it: the ``wm_loss_horizon``-step
+    loss, a random 20 % of the real transitions held out, a check after every pass over the rest (its epochs), at most
+    ``wm_retrain_steps`` Adam steps (LIFT: up to 1000 epochs)."""
     return WorldModelConfig(hidden_sizes=tuple(exp.wm_hidden), ensemble_size=ensemble, prior_mode=exp.wm_prior_mode,
                             train_steps=exp.wm_pretrain_steps if pretrain else exp.wm_retrain_steps,
-                            loss_horizon=1 if pretrain else exp.wm_loss_horizon, eval_every=exp.wm_eval_every,
-                            seed=seed)
+                            loss_horizon=1 if pretrain else exp.wm_loss_horizon,
+                            eval_every=exp.wm_eval_every if pretrain else 0,
+                            holdout_split="episodes" if pretrain else "transitions", seed=seed)
 
 
-def early_stopping(exp: Any) -> EarlyStopping:
-    return EarlyStopping(exp.wm_patience, exp.wm_min_improvement)
+def early_stopping(exp: Any, pretrain: bool = True) -> EarlyStopping:
+    """Stop after ``wm_patience`` checks without a ``wm_min_improvement`` relative gain; a refit compares the hold-out
+    mean squared error (LIFT's convergence test), stage 2 the NLL it trains on."""
+    return EarlyStopping(exp.wm_patience, exp.wm_min_improvement, metric="nll" if pretrain else "mse")
 
 
 MODEL_KINDS = ("physics", "prior_only", "residual_only", "blackbox")
