@@ -53,8 +53,7 @@ class Config(VIDDConfig):
     query_budget: int = 8192  # oracle queries per method (training; evaluation reported apart)
     max_iterations: int = 200
     timesteps_per_trajectory: int | None = None  # null = all T
-    lr: float = 1e-3
-    updates_per_batch: int = 4
+    # lr (1e-4) and updates_per_batch (1) are VIDDConfig's: the official DNA script's (algos/vidd/README.md)
     self_normalize_weights: bool = False  # True: mean 1 within each reverse step (needs groups >= 8, issue 37)
     value_scheme: str = "custom"  # the yaml's next_value / value_model as given (a named scheme refuses other values)
     next_value: Literal["denoised", "completion"] | None = "completion"  # completion: r of one completion of xbar
@@ -114,9 +113,34 @@ class Config(VIDDConfig):
         return self.methods or [self.method]
 
 
+# keys a run would otherwise ignore: (key, applies(exp), why) -- refused when set away from the default where they do
+# not apply, so that no experiment.* key is silently ignored (tests/test_vidd_config_keys.py)
+_DEFAULTS = Config.__dataclass_fields__
+CONDITIONAL_KEYS = (
+    ("fasta", lambda e: e.task == "protein", "applies to task protein only"),
+    ("dna_release", lambda e: e.task == "dna", "applies to task dna only"),
+    ("dna_eval_release", lambda e: e.task == "dna", "applies to task dna only"),
+    ("sa_weight", lambda e: e.task == "molecule" and e.reward == "composite",
+     "applies to task molecule with reward=composite only"),
+    ("greedy_tokens_per_step", lambda e: e.value_estimator == "greedy", "applies to value_estimator=greedy only"),
+)
+
+
 def check(exp: Config, raw: dict) -> None:
-    """What the fields alone cannot say: the experiment's task, the pretrained model and the FASTA file on disk."""
+    """What the fields alone cannot say: the experiment's task, the pretrained model and the FASTA file on disk; keys
+    that would not change this run."""
     from experiments.config import ConfigError
+    given = raw["experiment"]
+    if given.get("scheme_resolved") is not None:
+        raise ConfigError("experiment.scheme_resolved: bookkeeping of value_scheme, not a setting (set "
+                          "experiment.value_scheme)")
+    if given.get("legacy_small_step_groups"):
+        raise ConfigError("experiment.legacy_small_step_groups: only rebuilds the issue-24 study records "
+                          "(benchmarks/study), never a cluster run")
+    for key, applies, why in CONDITIONAL_KEYS:
+        if getattr(exp, key) != _DEFAULTS[key].default and not applies(exp):
+            raise ConfigError(f"experiment.{key}: {why} (this run: task={exp.task}, reward={exp.reward}, "
+                              f"value_estimator={exp.value_estimator}), got {getattr(exp, key)!r}")
     check_refreshes(exp)
     name = raw["experiment"].get("name")
     if TASK_OF_EXPERIMENT.get(name, exp.task) != exp.task:

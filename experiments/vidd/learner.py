@@ -98,18 +98,34 @@ def train_fn(config: dict) -> None:
         it = learner.counters["iteration"] = learner.counters["iteration"] + 1
         publish(learner)
         row = {"method_id": float(learner.method_id), "iteration": it}
-        step = (ddpo_step if learner.method == "ddpo" else
-                x0_step if learner.method in X0_METHODS or learner.cfg.distill_target == "final_sample" else vidd_step)
-        results = step(learner, it, row)
+        results = step_of(learner.method, learner.cfg)(learner, it, row)
         count_queries(learner, results, row)
         last = learner.finished()
-        if last or (learner.exp.eval_every and it % learner.exp.eval_every == 0):
+        if evaluation_due(learner.exp, it, last):
             publish(learner)  # the student after this update
             if learner.rank == 0:
                 evaluate(learner, it, row)
         record(learner, it, row, last)
         checkpoint(learner, row)
     finish(learner)
+
+
+def step_of(method: str, cfg: VIDDConfig) -> Callable[[Learner, int, dict], list[dict]]:
+    """The iteration ``method`` runs: DDPO's, the final-sample losses' (DDPP, RW_MLE, ``distill_target=final_sample``)
+    or eq. 7's."""
+    if method == "ddpo":
+        return ddpo_step
+    return x0_step if method in X0_METHODS or cfg.distill_target == "final_sample" else vidd_step
+
+
+def evaluation_due(exp: Config, it: int, last: bool) -> bool:
+    """Evaluate after the last iteration and every ``eval_every`` iterations (0: only at the end)."""
+    return last or bool(exp.eval_every and it % exp.eval_every == 0)
+
+
+def make_optimizer(student: nn.Module, cfg: VIDDConfig) -> torch.optim.Optimizer:
+    """Adam at the method's lr (DDPO: ``ddpo_lr``) and ``adam_eps`` (the official code: torch's defaults)."""
+    return torch.optim.Adam(student.parameters(), lr=cfg.lr, eps=cfg.adam_eps)
 
 
 # ------------------------------------------------------------------------------------------ setup and resume
@@ -133,7 +149,7 @@ def setup(config: dict) -> Learner:
     return Learner(
         exp=exp, cfg=cfg, method=method, seed=config["seed"], rank=rank, world=world, run_path=run_path,
         bundle=bundle, pre=pre, student=student, teacher=teacher, model=model,
-        optimizer=torch.optim.Adam(student.parameters(), lr=cfg.lr, eps=cfg.adam_eps),
+        optimizer=make_optimizer(student, cfg),
         counters={"iteration": 0, "queries": 0, "eval_queries": 0, "wall_s": 0.0},
         pool=attach_pool(config["pool"], scope=config["run_id"]), weights_key=f"{config['run_id']}/{method}",
         sampler_config=config["sampler_config"], n_requests=max(1, config["pool"]["num_workers"]), samples=samples,
