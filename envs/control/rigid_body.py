@@ -194,6 +194,12 @@ class RigidBodyDynamics:
             qpos0=model.qpos0.copy(), qpos_spring=model.qpos_spring.copy(),
         )
         self._bodies = [self._body_constants(model, b) for b in range(nbody)]
+        self.hinge_qadr = [j.qadr for joints in self.joints for j in joints if j.kind == _HINGE]  # in tree order
+        self.any_ishifted = any(body["ishifted"] for body in self._bodies)
+        self.any_irotated = any(body["irotated"] for body in self._bodies)
+        # per body: its dofs (contiguous in MuJoCo) and which of them each one's ṡ sees (the within-body part of pre)
+        self.body_dofs = [(int(model.body_dofadr[b + 1]), int(model.body_dofnum[b + 1])) for b in range(nbody)]
+        self._earlier_blocks = [earlier[a:a + n, a:a + n].copy() for a, n in self.body_dofs]
         self.dof_body_index = self.dof_body
         self._springs = self._spring_layout(model)
         self._actuators = self._actuator_layout(model)
@@ -297,12 +303,17 @@ class RigidBodyDynamics:
             consts.update({f"spring_{k}": as_t(v) for k, v in self._springs.items()})
             consts.update({f"act_{k}": as_t(v) for k, v in self._actuators.items()})
             consts["eye"] = as_t(np.eye(3))
+            consts["hinge_qadr"] = as_t(np.asarray(self.hinge_qadr, dtype=np.int64))
+            consts["hinge_qpos0"] = as_t(self._numpy["qpos0"][self.hinge_qadr])
+            consts["body_ipos"] = as_t(np.stack([body["ipos"] for body in self._bodies]))
+            consts["body_irot_t"] = as_t(np.stack([body["irot"].T for body in self._bodies]))
+            consts["earlier"] = [as_t(block) if block.any() else None for block in self._earlier_blocks]
             consts["pair_groups"] = [(int(i), consts["pair_j"][self._numpy["pair_i"] == i])
                                      for i in np.unique(self._numpy["pair_i"])]
             consts["bodies"] = [dict(body, pos=as_t(body["pos"]), rot_t=as_t(body["rot"].T), rot=as_t(body["rot"]),
                                      ipos=as_t(body["ipos"]), irot_t=as_t(body["irot"].T),
-                                     joints=[(kind, qa, va, as_t(axis), as_t(jpos), offset, as_t(skew_t),
-                                              as_t(skew2_t))
+                                     joints=[(kind, qa, va, as_t(axis), as_t(jpos), offset,
+                                              as_t(np.concatenate((skew_t, skew2_t))))
                                              for kind, qa, va, axis, jpos, offset, skew_t, skew2_t in body["joints"]])
                                 for body in self._bodies]
             self._cache[key] = consts
@@ -314,17 +325,22 @@ class RigidBodyDynamics:
         """Body frames and motion subspaces, as ``mj_kinematics`` and ``mj_comPos`` compute them.
 
         ``q`` is batch-last (nq, B). Returns body centres of mass (nbody, 3, B), inertia frames (nbody, 3, 3, B) and
-        each dof's spatial axis about the world origin as angular (nv, 3, B) and linear (nv, 3, B) parts. The loop
-        runs over the bodies of the tree (a child needs its parent's frame), each step a few ops on (3, 3, B).
+        each dof's spatial axis about the world origin as angular (nv, 3, B) and linear (nv, 3, B) parts. Only the
+        chain of frames needs the loop over bodies (a child needs its parent's frame); everything per joint or per
+        body that does not feed the chain (hinge sines, the axes' moments anchor × axis, centres of mass, inertia
+        frames) is computed once for all joints or bodies, outside it.
         """
         batch = q.shape[-1]
         positions: list[Tensor] = []
         rotations: list[Tensor] = []
-        coms: list[Tensor] = []
-        inertia_frames: list[Tensor] = []
-        ang: list[Tensor] = [q] * self.nv  # placeholders, all overwritten
-        lin: list[Tensor] = [q] * self.nv
         zeros = q.new_zeros(3, batch)
+        ang: list[Tensor] = [zeros] * self.nv
+        anchors: list[Tensor] = [zeros] * self.nv  # each dof's axis passes through its anchor: lin = anchor × ang
+        direct: dict[int, Tensor] = {}  # translational dofs (slide, free): lin is the axis itself, ang = 0
+        if self.hinge_qadr:
+            angles = q[c["hinge_qadr"]] - c["hinge_qpos0"][:, None]
+            sines, versines = torch.sin(angles).unbind(0), (1 - torch.cos(angles)).unbind(0)
+        hinge = 0
         for b, body in enumerate(c["bodies"]):
             p = self.parent[b]
             if p < 0:
@@ -334,26 +350,26 @@ class RigidBodyDynamics:
                 pos = positions[p] + _apply_const(rotations[p], body["pos"]) if body["moved"] else positions[p]
                 rot = _times_const(rotations[p], body["rot_t"]) if body["rotated"] else rotations[p]
             rotational: list[tuple[int, Tensor]] = []  # (first dof, anchor): axes are the body's final frame's
-            for kind, qa, va, axis, jpos, offset, skew_t, skew2_t in body["joints"]:
+            for kind, qa, va, axis, jpos, offset, skews_t in body["joints"]:
                 if kind == _FREE:
                     pos = q[qa:qa + 3]
                     rot = _quat_to_mat(_normalized(q[qa + 3:qa + 7]))
                     for k in range(3):
-                        ang[va + k], lin[va + k] = zeros, c["eye"][k][:, None].expand(3, batch)
+                        direct[va + k] = c["eye"][k][:, None].expand(3, batch)
                     rotational.append((va + 3, pos + _apply_const(rot, jpos) if offset else pos))
                     continue
                 world_axis = _apply_const(rot, axis)
                 anchor = pos + _apply_const(rot, jpos) if offset else pos
                 if kind == _SLIDE:
                     pos = pos + world_axis * (q[qa] - c["qpos0"][qa])
-                    ang[va], lin[va] = zeros, world_axis
+                    direct[va] = world_axis
                 elif kind == _HINGE:
-                    # R·exp(θ[a]×) = R + sin θ·(R[a]×) + (1 − cos θ)·(R[a]×²): two products with constants
-                    angle = q[qa] - c["qpos0"][qa]
-                    rot = rot + torch.sin(angle) * _times_const(rot, skew_t) \
-                        + (1 - torch.cos(angle)) * _times_const(rot, skew2_t)
+                    # R·exp(θ[a]×) = R + sin θ·(R[a]×) + (1 − cos θ)·(R[a]×²): products with constants
+                    both = _times_const(rot, skews_t)  # (3, 6, B): R[a]× and R[a]×² from one product
+                    rot = torch.addcmul(torch.addcmul(rot, sines[hinge], both[:, :3]), versines[hinge], both[:, 3:])
+                    hinge += 1
                     pos = anchor - _apply_const(rot, jpos) if offset else anchor
-                    ang[va], lin[va] = world_axis, _cross(anchor, world_axis)
+                    ang[va], anchors[va] = world_axis, anchor
                 else:  # ball
                     rot = _matmul3(rot, _quat_to_mat(_normalized(q[qa:qa + 4])))
                     pos = anchor - _apply_const(rot, jpos) if offset else anchor
@@ -361,12 +377,19 @@ class RigidBodyDynamics:
             for va, anchor in rotational:
                 axes = rot.unbind(1)  # the body frame's axes are rot's columns
                 for k in range(3):
-                    ang[va + k], lin[va + k] = axes[k], _cross(anchor, axes[k])
+                    ang[va + k], anchors[va + k] = axes[k], anchor
             positions.append(pos)
             rotations.append(rot)
-            coms.append(pos + _apply_const(rot, body["ipos"]) if body["ishifted"] else pos)
-            inertia_frames.append(_times_const(rot, body["irot_t"]) if body["irotated"] else rot)
-        return torch.stack(coms), torch.stack(inertia_frames), torch.stack(ang), torch.stack(lin)
+        position, rotation = torch.stack(positions), torch.stack(rotations)
+        # com = p + R ipos and inertia frame R·R_i, per body: one batched product each over all bodies
+        com = position + torch.matmul(c["body_ipos"][:, None, None, :], rotation).squeeze(2) if self.any_ishifted \
+            else position
+        inertia_frame = torch.matmul(c["body_irot_t"][:, None], rotation) if self.any_irotated else rotation
+        ang_all = torch.stack(ang)
+        lin = _cross(torch.stack(anchors), ang_all)
+        if direct:
+            lin = lin + torch.stack([direct.get(k, zeros) for k in range(self.nv)])
+        return com, inertia_frame, ang_all, lin
 
     def _body_inertia(self, com: Tensor, irot: Tensor, c: dict) -> tuple[Tensor, Tensor]:
         """Each body's first moment h = m·com (nbody, 3, B) and rotational inertia about the world origin
@@ -385,22 +408,31 @@ class RigidBodyDynamics:
         moment = (rotational * w[:, None]).sum(2) + _cross(first, v)
         return moment, mass * v - _cross(first, w)
 
-    @staticmethod
-    def _tree_sum(matrix: Tensor, x: Tensor) -> Tensor:
-        """``matrix`` (n, k) applied along the leading axis of x (k, ...): one GEMM."""
-        return (matrix @ x.reshape(x.shape[0], -1)).reshape(matrix.shape[0], *x.shape[1:])
+    def _subtree_sums(self, x: Tensor) -> list[Tensor]:
+        """Σ over each body's subtree of x (nbody, ...), as one leaf-to-root pass (Featherstone's backward pass):
+        children come after their parents in MuJoCo's body order, so a reversed sweep adds each finished subtree
+        into its parent. A few adds of (k, B) slices: cheaper than a dense 0/1 (nbody x nbody) GEMM."""
+        totals = list(x.unbind(0))
+        for b in range(self.nbody - 1, -1, -1):
+            if self.parent[b] >= 0:
+                totals[self.parent[b]] = totals[self.parent[b]] + totals[b]
+        return totals
+
+    def _per_dof(self, per_body: list[Tensor]) -> Tensor:
+        """Stack body quantities (k, B) as one row per dof (nv, k, B), each dof taking its body's."""
+        return torch.stack([per_body[b] for b in self.dof_body.tolist()])
 
     def mass_matrix(self, qpos: Tensor) -> Tensor:
         """M(q) (B, nv, nv), armature included (``mj_fullM`` after ``mj_crb``)."""
         c = self._constants(qpos.device, qpos.dtype)
-        com, irot, ang, lin = self._kinematics(qpos.t(), c)
+        com, irot, ang, lin = self._kinematics(qpos.t().contiguous(), c)
         return self._crba(*self._body_inertia(com, irot, c), ang, lin, c)
 
     def _crba(self, first: Tensor, rotational: Tensor, ang: Tensor, lin: Tensor, c: dict) -> Tensor:
         """Composite inertias are subtree sums (one common frame, one GEMM); M[i, j] = s_j · I^c_{body(i)} s_i on the
         tree's pairs only (MuJoCo's sparse pattern), then scattered into the dense (B, nv, nv) matrix."""
         nbody, batch = first.shape[0], first.shape[-1]
-        composite = self._tree_sum(c["composite"], torch.cat((first, rotational.reshape(nbody, 9, batch)), 1))
+        composite = self._per_dof(self._subtree_sums(torch.cat((first, rotational.reshape(nbody, 9, batch)), 1)))
         moment, force = self._apply_inertia(c["composite_mass"][:, None, None], composite[:, :3],
                                             composite[:, 3:].reshape(-1, 3, 3, batch), ang, lin)
         applied = torch.cat((moment, force), 1)  # I^c s_i (nv, 6, B)
@@ -416,10 +448,10 @@ class RigidBodyDynamics:
     def terms(self, qpos: Tensor, qvel: Tensor, ctrl: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         """M (B, nv, nv), qfrc_bias, qfrc_passive, qfrc_actuator (B, nv) at a batch of states and controls."""
         c = self._constants(qpos.device, qpos.dtype)
-        com, irot, ang, lin = self._kinematics(qpos.t(), c)
+        com, irot, ang, lin = self._kinematics(qpos.t().contiguous(), c)
         first, rotational = self._body_inertia(com, irot, c)
         mass = self._crba(first, rotational, ang, lin, c)
-        bias = self._rnea(first, rotational, ang, lin, qvel.t(), c)
+        bias = self._rnea(first, rotational, ang, lin, qvel.t().contiguous(), c)
         return mass, bias, self._passive(qpos, qvel, c), self._actuator(qpos, qvel, ctrl, c)
 
     def _rnea(self, first: Tensor, rotational: Tensor, ang: Tensor, lin: Tensor, rate: Tensor, c: dict) -> Tensor:
@@ -428,24 +460,40 @@ class RigidBodyDynamics:
         The recursions are tree sums over precomputed ancestor matrices (one GEMM each): body velocities
         v_b = Σ_{k moves b} s_k q̇_k, accelerations a_b = Σ_{k moves b} ṡ_k q̇_k − g, forces
         f_b = I_b a_b + v_b ×* I_b v_b, and bias_i = s_i · Σ_{b in subtree(body(i))} f_b. ``rate`` is q̇ (nv, B)."""
-        motion = torch.cat((ang, lin), 1) * rate[:, None]  # s_k q̇_k (nv, 6, B)
-        velocity = self._tree_sum(c["dof_moves"], motion)  # body velocities (nbody, 6, B)
-        seen = self._tree_sum(c["pre"], motion)  # the velocity dof i's ṡ_i is taken with
-        w, v = seen[:, :3], seen[:, 3:]
+        axes = torch.cat((ang, lin), 1)
+        motion = axes * rate[:, None]  # s_k q̇_k (nv, 6, B)
+        # forward pass, root to leaves: body velocities, and the velocity each dof's ṡ is taken with (its parent
+        # body's plus the earlier joints' of its own body)
+        velocity: list[Tensor] = []
+        seen: list[Tensor] = []
+        zero = motion.new_zeros(6, motion.shape[-1])
+        for b, (start, count) in enumerate(self.body_dofs):
+            inherited = velocity[self.parent[b]] if self.parent[b] >= 0 else zero
+            own = motion[start:start + count]
+            if count:
+                block = c["earlier"][b]
+                within = (block @ own.reshape(count, -1)).reshape(own.shape) if block is not None else None
+                seen.append(inherited.expand_as(own) if within is None else inherited + within)
+            velocity.append(inherited + own.sum(0) if count else inherited)
+        seen_all = torch.cat(seen)
+        w, v = seen_all[:, :3], seen_all[:, 3:]
         mw, mv = motion[:, :3], motion[:, 3:]
         dot = torch.cat((_cross(w, mw), _cross(w, mv) + _cross(v, mw)), 1)  # ṡ_i q̇_i
         if self.has_free:  # a free joint's translation axes are fixed in the world: ṡ = 0
             dot = dot * c["keep_dot"][:, None, None]
-        accel = self._tree_sum(c["dof_moves"], dot)
-        if self.gravity_on:
-            accel = accel + c["gravity"][:, None]
+        root = c["gravity"][:, None].expand(6, motion.shape[-1]) if self.gravity_on else zero
+        accel: list[Tensor] = []
+        for b, (start, count) in enumerate(self.body_dofs):
+            inherited = accel[self.parent[b]] if self.parent[b] >= 0 else root
+            accel.append(inherited + dot[start:start + count].sum(0) if count else inherited)
+        velocity_all, accel_all = torch.stack(velocity), torch.stack(accel)
         mass = c["mass"][:, None, None]
-        bw, bv = velocity[:, :3], velocity[:, 3:]
+        bw, bv = velocity_all[:, :3], velocity_all[:, 3:]
         hw, hv = self._apply_inertia(mass, first, rotational, bw, bv)  # momentum
-        fw, fv = self._apply_inertia(mass, first, rotational, accel[:, :3], accel[:, 3:])
+        fw, fv = self._apply_inertia(mass, first, rotational, accel_all[:, :3], accel_all[:, 3:])
         body_force = torch.cat((fw + _cross(bw, hw) + _cross(bv, hv), fv + _cross(bw, hv)), 1)
-        subtree_force = self._tree_sum(c["composite"], body_force)  # (nv, 6, B)
-        return (torch.cat((ang, lin), 1) * subtree_force).sum(1).t()
+        subtree_force = self._per_dof(self._subtree_sums(body_force))  # (nv, 6, B)
+        return (axes * subtree_force).sum(1).t()
 
     def _passive(self, qpos: Tensor, qvel: Tensor, c: dict) -> Tensor:
         passive = -c["damping"] * qvel if self.dampers_on else torch.zeros_like(qvel)
