@@ -30,6 +30,7 @@ Declared before any seed runs (this file's history is the record of when):
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import numpy as np
@@ -243,14 +244,136 @@ def run_pretrain(ctx: UnitContext) -> dict | None:
     return body
 
 
-def report(records: list[dict], out_dir: Path) -> str:  # the method units and their report come with the loop's fix
-    done = [r for r in records if r["unit"] == "pretrain"]
-    lines = ["## LIFT finetuning as its authors run it (issue 36)", ""]
-    if done:
-        m = done[0]["metrics"]
-        lines.append(f"Start model: {m['env_steps']} env steps, final evaluation {m['final_eval_return']:.0f}.")
-    else:
-        lines.append("Start model: pretraining in progress.")
+# (record metric, column title, format, lower is better): what every method unit reports
+REPORT_METRICS = (
+    ("return_at.1500", "return @1500", "{:.0f}", False),
+    ("return_at.2000", "return @2000", "{:.0f}", False),
+    ("return_at.3000", "return @3000", "{:.0f}", False),
+    ("return_at.4000", "return @4000", "{:.0f}", False),
+    ("real_steps_to_recover_censored", "real steps to 80 % (censored at 4000)", "{:.0f}", True),
+    ("falls_per_1000", "falls / 1000 real steps", "{:.2f}", True),
+)
+PAIRED_AGAINST = ("sac_finetune", "sac_finetune_matched", "lift_frozen_model")
+
+
+def _by_name(records: list[dict]) -> dict[str, dict]:
+    return {r["unit"]: r for r in records}
+
+
+def start_lines(recs: dict[str, dict]) -> list[str]:
+    lines = []
+    if "pretrain" not in recs:
+        return ["Start model: pretraining in progress."]
+    m = recs["pretrain"]["metrics"]
+    evals = recs["pretrain"]["curves"]["eval_return"]
+    stage2 = m.get("stage2", {}).get("physics", {})
+    lines.append(f"Start model: {m['env_steps']} env steps of SAC on Walker2d with a velocity command; its last three "
+                 f"evaluations ({EVAL_EPISODES} episodes each) {', '.join(f'{v:.0f}' for v in evals[-3:])}; "
+                 f"stage-2 physics model 1-step error {stage2.get('error_1step', float('nan')):.3f}.")
+    if "check-start" in recs:
+        c = recs["check-start"]["metrics"]
+        lines.append(f"Check (declared before it ran): last three within {HOLD_SPREAD:.0%} of their mean "
+                     f"(spread {c['spread']:.1%}) and a matched SAC finetune in the unchanged env keeping >= "
+                     f"{CONTROL_KEEP:.0%} after {c['control_real_steps']} real steps ({c['control_sac_steps']} SAC "
+                     f"steps; pre-change {c['pre_change_return']:.0f}, after {c['control_final_return']:.0f}: "
+                     f"{c['control_kept']:.1%}). **The start model {'holds' if c['holds'] else 'does not hold'}.**")
+    return lines
+
+
+def gate_lines(recs: dict[str, dict]) -> list[str]:
+    lines = ["| change | zero-shot gate: rung (pre-change -> zero-shot, kept) | room gate at epoch 2: refit / frozen "
+             "1-step error | verdict |", "|---|---|---|---|"]
+    for c in CHANGES:
+        g, r = recs.get(f"gate-{c}"), recs.get(f"room-{c}")
+        zero = (f"{g['chosen']['label']} ({g['metrics']['pre_change_return']:.0f} -> "
+                f"{g['metrics']['zero_shot_return']:.0f}, {g['metrics']['kept']:.0%})") if g else "not run"
+        room = (f"{r['metrics']['refit_1step']:.4f} / {r['metrics']['frozen_1step']:.4f} "
+                f"({r['metrics']['ratio']:.2f}x)") if r else "not run"
+        verdict = "-" if r is None else ("room: method units run" if r["metrics"]["passed"]
+                                         else "no room: method units refuse")
+        lines.append(f"| {c} | {zero} | {room} | {verdict} |")
+    return lines
+
+
+def method_lines(records: list[dict], change: str) -> list[str]:
+    from benchmarks.lift_finetune_stats import by_seed, fmt_interval, t_interval
+    head = ["method", "seeds", "recovered"] + [t for _, t, _, _ in REPORT_METRICS] + ["model error refit / frozen"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for m in METHODS + APPENDIX_METHODS:
+        seeds = by_seed(records, change, m, "final_return")
+        if not seeds:
+            continue
+        recovered = by_seed(records, change, m, "real_steps_to_recover")
+        cells = [m, str(len(seeds)), f"{len(recovered)}/{len(seeds)}"]
+        cells += [fmt_interval(t_interval(list(by_seed(records, change, m, k).values())), p)
+                  for k, _, p, _ in REPORT_METRICS]
+        ratios = [a / b for r in records if r["role"] == "report" and r["method"] == m
+                  and r["setting"]["change"] == change
+                  for a, b in zip(r["curves"]["wm_heldout_1step"], r["curves"]["wm_stage2_heldout_1step"])
+                  if a is not None and b]
+        cells.append(f"{np.mean(ratios):.2f}x over {len(ratios)} epochs" if ratios else "-")
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
+def paired_lines(records: list[dict], change: str) -> tuple[list[str], dict[str, dict[str, tuple]]]:
+    from benchmarks.lift_finetune_stats import by_seed, fmt_interval, paired_seeds, verdict
+    keys = [("return_at.4000", "{:+.0f}", False), ("real_steps_to_recover_censored", "{:+.0f}", True),
+            ("falls_per_1000", "{:+.2f}", True)]
+    lines = ["| lift − (seed-paired, 95 % t) | return @4000 | real steps to 80 % | falls / 1000 |",
+             "|---|---|---|---|"]
+    effects: dict[str, dict[str, tuple]] = {}
+    for other in PAIRED_AGAINST:
+        if not by_seed(records, change, other, "final_return") or not by_seed(records, change, "lift", "final_return"):
+            continue
+        row, effects[other] = [], {}
+        for key, pattern, lower in keys:
+            stat = paired_seeds(by_seed(records, change, "lift", key), by_seed(records, change, other, key))
+            effects[other][key] = (*stat, verdict(stat, lower))
+            row.append(f"{fmt_interval(stat, pattern)} {verdict(stat, lower)}" if math.isfinite(stat[0]) else "-")
+        lines.append(f"| lift − {other} | " + " | ".join(row) + " |")
+    return lines, effects
+
+
+def reading(change: str, effects: dict[str, dict[str, tuple]]) -> str:
+    """Which comparison carries an effect, in words, from the intervals alone."""
+    if not effects:
+        return f"{change}: no paired comparison yet."
+    parts = []
+    names = {"sac_finetune": "SAC finetuning", "sac_finetune_matched": "SAC at LIFT's update count",
+             "lift_frozen_model": "LIFT with the stage-2 model frozen"}
+    for other, e in effects.items():
+        said = [f"{label} {e[key][3]}" for key, label in (("return_at.4000", "return"),
+                                                         ("real_steps_to_recover_censored", "recovery"),
+                                                         ("falls_per_1000", "falls"))
+                if e[key][3] != "n.s."]
+        parts.append(f"vs {names[other]}: " + (", ".join(said) if said else "no difference the seeds can resolve"))
+    return f"{change}: LIFT " + "; ".join(parts) + "."
+
+
+def report(records: list[dict], out_dir: Path) -> str:
+    recs = _by_name(records)
+    lines = ["## LIFT finetuning as its authors run it (issue 36)", "",
+             "Walker2d-v5 with a velocity command (1.0 m/s, inside the pretraining range). One loop: every unit ran "
+             "the learner a cluster job runs (`finetune_learner.run_epochs`, one rank in process). Settings beside "
+             "the official code, with every departure: `algos/lift/README.md`. Schedule (declared in "
+             "`benchmarks/study/lift_official.py`): 1000-step prefill, 6 epochs of 500 real steps, H 1 -> 20 over 10 "
+             "epochs (LIFT's), HUPT 10 -> 100 over 4 epochs (LIFT's x0.1): LIFT does 0.4 -> 4 SAC steps per real "
+             "step; 10 deterministic evaluation episodes per epoch. Supersedes the first Walker2d study (issue 23, "
+             "below), whose loop was a second copy.", "", *start_lines(recs), "", *gate_lines(recs), ""]
+    reported = [r for r in records if r["role"] == "report"]
+    if not reported:
+        refusal = ("the start model does not hold: no method unit runs on it"
+                   if "check-start" in recs and not recs["check-start"]["metrics"]["holds"] else "none has run yet")
+        lines.append(f"Method units: {refusal}.")
+        return "\n".join(lines) + "\n"
+    for c in CHANGES:
+        if not any(r["setting"]["change"] == c for r in reported):
+            continue
+        label = recs[f"gate-{c}"]["chosen"]["label"] if f"gate-{c}" in recs else c
+        pl, effects = paired_lines(records, c)
+        lines += [f"**{label}** (mean [95 % t-interval] over seeds; never-recovered runs count 4000)", "",
+                  *method_lines(records, c), "", *pl, "", reading(label, effects), ""]
     return "\n".join(lines) + "\n"
 
 
