@@ -82,7 +82,10 @@ def test_gates_and_a_method_unit_run_the_learner_loop_and_refuse_without_room(ti
     assert all(v is not None for v in curves["wm_heldout_1step"][1:] + curves["wm_stage2_heldout_1step"][1:])
     assert room["metrics"]["passed"] == (curves["wm_heldout_1step"][2] <= curves["wm_stage2_heldout_1step"][2])
     out = root / "lift_official"
-    for name, key, value in (("check-start", "holds", True), ("room-friction", "passed", False)):
+    more = run_unit_inline(study.STUDY, "check-start-seeds", root, overrides=UNITS)
+    assert set(more["metrics"]["kept_by_seed"]) == {"100", "102", "103"}
+    assert more["metrics"]["holds"] == (m["spread"] <= 0.15 and more["metrics"]["mean_kept"] >= 0.9)
+    for name, key, value in (("check-start-seeds", "holds", True), ("room-friction", "passed", False)):
         path = out / f"{name}.json"  # this test's own tiny records: force each verdict in turn
         rec = json.loads(path.read_text())
         rec["metrics"][key] = value
