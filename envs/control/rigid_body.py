@@ -2,18 +2,37 @@
 
 Built once from an ``mjModel`` (body tree, joint types and axes, inertias, armature, damping, stiffness/springref,
 gear), then evaluated for a batch of (qpos, qvel, ctrl) on the states' own device and dtype, differentiably, with no
-Python loop over states (only over the few bodies of the tree, in forward kinematics).
+Python loop over states (only over the few bodies and dofs of the tree).
 
 Why hand-written (issue 41): ``mujoco-torch`` (a PyTorch port of MJX) does not import with the installed MuJoCo 4.0,
 and ``mujoco-warp`` runs on Warp's CPU device in float32 only, so it cannot meet the 1e-6 float64 equality with
 MuJoCo. What is left are two textbook algorithms (Featherstone, *Rigid Body Dynamics Algorithms*, 2008):
 
 - **CRBA** (composite rigid bodies, ch. 6.2) for M: every body's spatial inertia is expressed about one common point
-  (the world origin, world axes), so composite inertias are plain subtree sums (one matmul with a subtree matrix), and
-  ``M[i, j] = s_j · (I^c_{body(i)} s_i)`` for dof j on the path from the root to dof i; plus ``dof_armature`` on the
-  diagonal (as ``mj_crb`` adds it).
+  (the world origin, world axes), so composite inertias are plain subtree sums (a leaf-to-root pass), and
+  ``M[i, j] = s_j · (I^c_{body(i)} s_i)`` only for the pairs where dof j is on the path from the root to dof i
+  (MuJoCo's sparsity pattern: 185 of 529 entries for Humanoid); plus ``dof_armature`` on the diagonal (as ``mj_crb``).
 - **RNEA** (recursive Newton-Euler, ch. 5.3) with q̈ = 0 for ``qfrc_bias``: the root accelerates by −g (MuJoCo's
-  ``cacc[0] = -gravity``), a_b = a_parent + Σ ṡ_k q̇_k, f_b = I_b a_b + v_b ×* I_b v_b, and bias_i = s_i · Σ_subtree f.
+  ``cacc[0] = -gravity``), v_b = v_parent + Σ s_k q̇_k and a_b = a_parent + Σ ṡ_k q̇_k (root-to-leaf passes),
+  f_b = I_b a_b + v_b ×* I_b v_b, and bias_i = s_i · Σ_subtree f (a leaf-to-root pass).
+
+Why the code has this shape (profiled at batch 4096 on one CPU thread; benchmarks/RESULTS.md "Physics prior"):
+
+- **batch-last tensors** (a 3-vector is (3, B), a body stack (nbody, 3, 3, B)): every scalar of the algorithms is one
+  contiguous length-B vector, so the sums over 3 or 6 components are adds of whole vectors, and products with model
+  constants (joint axes, body frames) are one GEMM with B columns. The first version kept the batch in the middle
+  ((nbody, B, 3)) and spent most of its time in reductions over size-3 trailing axes and in 23x6x23 batched GEMMs.
+- **passes over bodies, not over states**: the frame chain (each child needs its parent's frame) and the tree sums
+  are Python loops over the model's 7-13 bodies issuing ops on (k, B) slices (a dense 0/1 ancestor matrix times the
+  stacked bodies, the previous form, spent a GEMM mostly on zeros). Anything that does not feed the chain (hinge
+  sines, the axes' moments anchor × axis, centres of mass, inertia frames) is computed once for all joints/bodies.
+- **static structure once per model**: parents, dof ranges, the pairs of M's pattern and the map that scatters them
+  into the dense matrix, identity frames to skip, all built at construction; constants cached per (device, dtype).
+- **no large temporaries**: M's pairs are formed per dof (an all-pairs gather would build a (185, 6, B) temporary,
+  ~36 MB at B = 4096 in fp64, slower than the 23 small products because of the page faults of such allocations).
+- M is returned batch-first (B, nv, nv), as LAPACK's batched Cholesky wants it: one transpose of the pairs, then one
+  gather of columns; (M + hD)^-1 stays LAPACK's (``MujocoPrior``: cholesky + cholesky_inverse): a batch-last sparse
+  LDLᵀ and dense inverse in torch ops costs more than LAPACK's per-matrix calls at nv ≈ 20.
 
 MuJoCo's conventions, matched here (``mj_kinematics``, ``mj_comPos``, ``mj_comVel``, ``mj_passive``,
 ``mj_fwdActuation`` in MuJoCo's engine_core_smooth.c / engine_passive.c / engine_forward.c):
@@ -61,12 +80,16 @@ def _cross(a: Tensor, b: Tensor) -> Tensor:
     return torch.stack((a1 * b2 - a2 * b1, a2 * b0 - a0 * b2, a0 * b1 - a1 * b0), -2)
 
 
-def _quat_to_mat(q: Tensor) -> Tensor:
-    """Rotation matrix (3, 3, B) of unit wxyz quaternions (4, B) (MuJoCo's ``mju_quat2Mat``)."""
+def _quat_to_frame(q: Tensor) -> Tensor:
+    """Transposed rotation matrix Rᵀ (3, 3, B) of unit wxyz quaternions (4, B) (MuJoCo's ``mju_quat2Mat``, transposed).
+
+    Rotations are kept transposed, as frames: row k of Rᵀ is the body's k-th axis in the world (column k of R). Then
+    the frame's axes are contiguous (3, B) rows, and every product of a frame with a model constant is one 2-D GEMM
+    over a (3, 3B) view: (R C)ᵀ = Cᵀ Rᵀ and R v = vᵀ Rᵀ."""
     w, x, y, z = q.unbind(0)
-    rows = (1 - 2 * (y * y + z * z), 2 * (x * y - w * z), 2 * (x * z + w * y),
-            2 * (x * y + w * z), 1 - 2 * (x * x + z * z), 2 * (y * z - w * x),
-            2 * (x * z - w * y), 2 * (y * z + w * x), 1 - 2 * (x * x + y * y))
+    rows = (1 - 2 * (y * y + z * z), 2 * (x * y + w * z), 2 * (x * z - w * y),
+            2 * (x * y - w * z), 1 - 2 * (x * x + z * z), 2 * (y * z + w * x),
+            2 * (x * z + w * y), 2 * (y * z - w * x), 1 - 2 * (x * x + y * y))
     return torch.stack(rows, 0).reshape(3, 3, *q.shape[1:])
 
 
@@ -74,19 +97,23 @@ def _normalized(q: Tensor) -> Tensor:
     return q / torch.linalg.vector_norm(q, dim=0, keepdim=True)
 
 
-def _times_const(rot: Tensor, const_t: Tensor) -> Tensor:
-    """rot @ C for rot (3, 3, B) and a model constant C, given as C^T: one GEMM (3x3 @ 3xB per row of rot)."""
-    return torch.matmul(const_t, rot)
+def _frame_times(const_t: Tensor, frame: Tensor) -> Tensor:
+    """The frame (R C)ᵀ = Cᵀ Rᵀ of a frame Rᵀ (3, 3, B) and a constant rotation C given as Cᵀ (k, 3: several constants
+    stacked give (k, 3, B) results at once): one GEMM."""
+    return torch.mm(const_t, frame.reshape(3, -1)).reshape(-1, 3, frame.shape[-1])
 
 
-def _apply_const(rot: Tensor, vec: Tensor) -> Tensor:
-    """rot @ v for rot (3, 3, B) and a constant 3-vector v: (3, B)."""
-    return torch.matmul(vec, rot)
+def _point(origin: Tensor | None, frame: Tensor, vec: Tensor, alpha: float = 1.0) -> Tensor:
+    """origin + alpha·R v (3, B) for a frame Rᵀ (3, 3, B) and a constant 3-vector v: one GEMV (origin None: 0)."""
+    flat = frame.reshape(3, -1).t()
+    if origin is None:
+        return torch.mv(flat, vec).reshape(3, -1)
+    return torch.addmv(origin.reshape(-1), flat, vec, alpha=alpha).reshape(3, -1)
 
 
-def _matmul3(a: Tensor, b: Tensor) -> Tensor:
-    """a @ b for batch-last 3x3 matrices (3, 3, B) (a ball joint's rotation: both factors vary)."""
-    return (a[:, :, None] * b[None]).sum(1)
+def _frame_compose(outer: Tensor, inner: Tensor) -> Tensor:
+    """(R₁ R₂)ᵀ = R₂ᵀ R₁ᵀ for frames R₁ᵀ = ``outer`` and R₂ᵀ = ``inner`` (3, 3, B) that both vary (a ball joint)."""
+    return (inner[:, :, None] * outer[None]).sum(1)
 
 
 def _quat_log(q: Tensor) -> Tensor:
@@ -141,16 +168,13 @@ class RigidBodyDynamics:
                                        model.jnt_axis[j].copy(), model.jnt_pos[j].copy())
                                 for j in range(adr, adr + num)])
         self.dof_body = np.asarray(model.dof_bodyid, dtype=np.int64) - 1
-        # ancestor-or-self relation of bodies, and of dofs to bodies (which dofs move body b)
+        # ancestor-or-self relation of bodies (anc[b, a] = 1: a is b or one of its ancestors), and of dofs
         anc = np.zeros((nbody, nbody))
         for b in range(nbody):
             a = b
             while a >= 0:
                 anc[b, a] = 1.0
                 a = self.parent[a]
-        self._anc = anc
-        self._subtree = anc.T.copy()  # subtree[c, b] = 1 if b is in c's subtree
-        dof_moves = anc[:, self.dof_body]  # (nbody, nv): dof k moves body b
         dof_anc = anc[self.dof_body][:, self.dof_body]  # (nv, nv): body(j) ancestor-or-self of body(i)
         same = (self.dof_body[:, None] == self.dof_body[None, :]).astype(float)
         # the body velocity a dof's ṡ sees: its parent body's plus the earlier joints' of its own body
@@ -169,11 +193,6 @@ class RigidBodyDynamics:
                     for i in dofs:
                         earlier[i, seen] = 1.0
                 seen += dofs
-        parent_of_dof = np.asarray([self.parent[b] for b in self.dof_body], dtype=np.int64)
-        parent_moves = np.zeros((self.nv, self.nv))  # dof k moves the parent body of dof i
-        for i, p in enumerate(parent_of_dof):
-            if p >= 0:
-                parent_moves[i] = dof_moves[p]
         # M's nonzero pattern: (i, j) with body(j) an ancestor-or-self of body(i), each pair once (i >= j on one body);
         # entry k of the flat (nv * nv) matrix reads pair ``mass_map[k]`` (the last slot: a structural zero)
         pairs = [(i, j) for i in range(self.nv) for j in range(self.nv)
@@ -185,9 +204,8 @@ class RigidBodyDynamics:
         self.has_free = bool(free_translation.any())
         self._numpy = dict(
             mass=model.body_mass[1:], inertia=model.body_inertia[1:],
-            composite=self._subtree[self.dof_body],  # (nv, nbody): the bodies of dof i's body's subtree
-            composite_mass=(self._subtree @ model.body_mass[1:])[self.dof_body],
-            dof_moves=dof_moves, pre=parent_moves + earlier, keep_dot=1.0 - free_translation,
+            composite_mass=(anc.T @ model.body_mass[1:])[self.dof_body],  # mass of dof i's body's subtree
+            keep_dot=1.0 - free_translation,
             pair_i=pair_i, pair_j=pair_j, mass_map=mass_map.reshape(-1),
             pair_armature=np.where(pair_i == pair_j, model.dof_armature[pair_i], 0.0),
             damping=model.dof_damping.copy(), gravity=np.concatenate([np.zeros(3), -model.opt.gravity]),
@@ -197,10 +215,9 @@ class RigidBodyDynamics:
         self.hinge_qadr = [j.qadr for joints in self.joints for j in joints if j.kind == _HINGE]  # in tree order
         self.any_ishifted = any(body["ishifted"] for body in self._bodies)
         self.any_irotated = any(body["irotated"] for body in self._bodies)
-        # per body: its dofs (contiguous in MuJoCo) and which of them each one's ṡ sees (the within-body part of pre)
+        # per body: its dofs (contiguous in MuJoCo) and which of them each one's ṡ sees besides the parent's velocity
         self.body_dofs = [(int(model.body_dofadr[b + 1]), int(model.body_dofnum[b + 1])) for b in range(nbody)]
         self._earlier_blocks = [earlier[a:a + n, a:a + n].copy() for a, n in self.body_dofs]
-        self.dof_body_index = self.dof_body
         self._springs = self._spring_layout(model)
         self._actuators = self._actuator_layout(model)
         self._cache: dict[tuple[torch.device, torch.dtype], dict[str, Tensor]] = {}
@@ -324,7 +341,7 @@ class RigidBodyDynamics:
     def _kinematics(self, q: Tensor, c: dict) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         """Body frames and motion subspaces, as ``mj_kinematics`` and ``mj_comPos`` compute them.
 
-        ``q`` is batch-last (nq, B). Returns body centres of mass (nbody, 3, B), inertia frames (nbody, 3, 3, B) and
+        ``q`` is batch-last (nq, B). Returns body centres of mass (nbody, 3, B), inertia frames Rᵀ (nbody, 3, 3, B) and
         each dof's spatial axis about the world origin as angular (nv, 3, B) and linear (nv, 3, B) parts. Only the
         chain of frames needs the loop over bodies (a child needs its parent's frame); everything per joint or per
         body that does not feed the chain (hinge sines, the axes' moments anchor × axis, centres of mass, inertia
@@ -332,7 +349,7 @@ class RigidBodyDynamics:
         """
         batch = q.shape[-1]
         positions: list[Tensor] = []
-        rotations: list[Tensor] = []
+        frames: list[Tensor] = []  # Rᵀ per body (see _quat_to_frame)
         zeros = q.new_zeros(3, batch)
         ang: list[Tensor] = [zeros] * self.nv
         anchors: list[Tensor] = [zeros] * self.nv  # each dof's axis passes through its anchor: lin = anchor × ang
@@ -345,46 +362,49 @@ class RigidBodyDynamics:
             p = self.parent[b]
             if p < 0:
                 pos = body["pos"][:, None].expand(3, batch)
-                rot = body["rot"][..., None].expand(3, 3, batch)
+                frame = body["rot_t"][..., None].expand(3, 3, batch).contiguous()
             else:
-                pos = positions[p] + _apply_const(rotations[p], body["pos"]) if body["moved"] else positions[p]
-                rot = _times_const(rotations[p], body["rot_t"]) if body["rotated"] else rotations[p]
+                pos = _point(positions[p], frames[p], body["pos"]) if body["moved"] else positions[p]
+                frame = _frame_times(body["rot_t"], frames[p]) if body["rotated"] else frames[p]
             rotational: list[tuple[int, Tensor]] = []  # (first dof, anchor): axes are the body's final frame's
             for kind, qa, va, axis, jpos, offset, skews_t in body["joints"]:
                 if kind == _FREE:
                     pos = q[qa:qa + 3]
-                    rot = _quat_to_mat(_normalized(q[qa + 3:qa + 7]))
+                    frame = _quat_to_frame(_normalized(q[qa + 3:qa + 7]))
                     for k in range(3):
                         direct[va + k] = c["eye"][k][:, None].expand(3, batch)
-                    rotational.append((va + 3, pos + _apply_const(rot, jpos) if offset else pos))
+                    rotational.append((va + 3, _point(pos, frame, jpos) if offset else pos))
                     continue
-                world_axis = _apply_const(rot, axis)
-                anchor = pos + _apply_const(rot, jpos) if offset else pos
+                world_axis = _point(None, frame, axis)
+                anchor = _point(pos, frame, jpos) if offset else pos
                 if kind == _SLIDE:
                     pos = pos + world_axis * (q[qa] - c["qpos0"][qa])
                     direct[va] = world_axis
                 elif kind == _HINGE:
-                    # R·exp(θ[a]×) = R + sin θ·(R[a]×) + (1 − cos θ)·(R[a]×²): products with constants
-                    both = _times_const(rot, skews_t)  # (3, 6, B): R[a]× and R[a]×² from one product
-                    rot = torch.addcmul(torch.addcmul(rot, sines[hinge], both[:, :3]), versines[hinge], both[:, 3:])
+                    # R·exp(θ[a]×) = R + sin θ·(R[a]×) + (1 − cos θ)·(R[a]×²), transposed: (R[a]×)ᵀ and (R[a]×²)ᵀ
+                    # from one product with the stacked constants
+                    both = _frame_times(skews_t, frame)
+                    frame = torch.addcmul(torch.addcmul(frame, sines[hinge], both[:3]), versines[hinge], both[3:])
                     hinge += 1
-                    pos = anchor - _apply_const(rot, jpos) if offset else anchor
+                    pos = _point(anchor, frame, jpos, alpha=-1.0) if offset else anchor
                     ang[va], anchors[va] = world_axis, anchor
                 else:  # ball
-                    rot = _matmul3(rot, _quat_to_mat(_normalized(q[qa:qa + 4])))
-                    pos = anchor - _apply_const(rot, jpos) if offset else anchor
+                    frame = _frame_compose(frame, _quat_to_frame(_normalized(q[qa:qa + 4])))
+                    pos = _point(anchor, frame, jpos, alpha=-1.0) if offset else anchor
                     rotational.append((va, anchor))
             for va, anchor in rotational:
-                axes = rot.unbind(1)  # the body frame's axes are rot's columns
+                axes = frame.unbind(0)  # the frame's rows are the body's axes
                 for k in range(3):
                     ang[va + k], anchors[va + k] = axes[k], anchor
             positions.append(pos)
-            rotations.append(rot)
-        position, rotation = torch.stack(positions), torch.stack(rotations)
-        # com = p + R ipos and inertia frame R·R_i, per body: one batched product each over all bodies
-        com = position + torch.matmul(c["body_ipos"][:, None, None, :], rotation).squeeze(2) if self.any_ishifted \
-            else position
-        inertia_frame = torch.matmul(c["body_irot_t"][:, None], rotation) if self.any_irotated else rotation
+            frames.append(frame)
+        position, frame_all = torch.stack(positions), torch.stack(frames)
+        flat = frame_all.reshape(self.nbody, 3, 3 * batch)
+        # com = p + R ipos and inertia frame (R R_i)ᵀ = R_iᵀ Rᵀ per body: one batched product each over all bodies
+        com = torch.baddbmm(position.reshape(self.nbody, 1, -1), c["body_ipos"][:, None], flat).reshape(
+            self.nbody, 3, batch) if self.any_ishifted else position
+        inertia_frame = torch.bmm(c["body_irot_t"], flat).reshape(self.nbody, 3, 3, batch) if self.any_irotated \
+            else frame_all
         ang_all = torch.stack(ang)
         lin = _cross(torch.stack(anchors), ang_all)
         if direct:
@@ -396,8 +416,8 @@ class RigidBodyDynamics:
         I_O = R diag(I) Rᵀ + m(|c|² 1 − c cᵀ) (nbody, 3, 3, B); with the mass these are its spatial inertia
         [[I_O, [h]×], [−[h]×, m]] about the origin (Featherstone 2.62), so composites are plain sums."""
         mass = c["mass"][:, None, None]
-        scaled = irot * c["inertia"][:, None, :, None]
-        inertia_com = (scaled[:, :, None] * irot[:, None]).sum(3)  # Σ_l R[j, l] I_l R[k, l]
+        scaled = irot * c["inertia"][:, :, None, None]  # irot is the frame R_iᵀ: irot[l, j] = R_i[j, l]
+        inertia_com = (scaled[:, :, :, None] * irot[:, :, None]).sum(1)  # Σ_l R_i[j, l] I_l R_i[k, l]
         outer = com[:, :, None] * com[:, None]
         parallel = (outer.diagonal(dim1=1, dim2=2).sum(-1)[:, None, None] * c["eye"][..., None] - outer)
         return mass * com, inertia_com + mass[..., None] * parallel
@@ -457,9 +477,9 @@ class RigidBodyDynamics:
     def _rnea(self, first: Tensor, rotational: Tensor, ang: Tensor, lin: Tensor, rate: Tensor, c: dict) -> Tensor:
         """qfrc_bias = RNEA(q, q̇, q̈ = 0) with gravity as a root acceleration (``mj_rne`` with flg_acc = 0).
 
-        The recursions are tree sums over precomputed ancestor matrices (one GEMM each): body velocities
-        v_b = Σ_{k moves b} s_k q̇_k, accelerations a_b = Σ_{k moves b} ṡ_k q̇_k − g, forces
-        f_b = I_b a_b + v_b ×* I_b v_b, and bias_i = s_i · Σ_{b in subtree(body(i))} f_b. ``rate`` is q̇ (nv, B)."""
+        Root-to-leaf passes give body velocities v_b = v_parent + Σ_{k on b} s_k q̇_k and accelerations
+        a_b = a_parent + Σ_{k on b} ṡ_k q̇_k (root: −g); forces f_b = I_b a_b + v_b ×* I_b v_b for all bodies at once;
+        a leaf-to-root pass sums them, and bias_i = s_i · Σ_{b in subtree(body(i))} f_b. ``rate`` is q̇ (nv, B)."""
         axes = torch.cat((ang, lin), 1)
         motion = axes * rate[:, None]  # s_k q̇_k (nv, 6, B)
         # forward pass, root to leaves: body velocities, and the velocity each dof's ṡ is taken with (its parent
