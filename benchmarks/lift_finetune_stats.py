@@ -440,6 +440,12 @@ def study_report(records: list[dict], out_dir: Path) -> str:
     cpu_h = sum(r.get("cpu_s", 0.0) for r in records) / 3600
     lines = ["## LIFT finetuning on Walker2d: real steps, falls and the 2×2 (`python -m benchmarks.study lift report`)",
              "",
+             "**Superseded** by 'LIFT finetuning as its authors run it' (`lift_official`, issue 36). This study ran a "
+             "second copy of the finetuning loop that ignored `prefill_steps`, `wm_retrain_first` and "
+             "`model_buffer_flush`, rebuilt the model buffer every epoch without real transitions, stopped the "
+             "model's refit on its NLL and let observation noise reach the critic's target; its start model did not "
+             "hold. Its records and this section stay as they were written.",
+             "",
              f"Records: `benchmarks/results/lift/` ({len(done)} of {len(plan)} units; reported units "
              f"{sum(u.name in done for u in reported)} of {len(reported)}), {cpu_h:.2f} core-hours spent. Command: "
              "`nice -n 19 python -m benchmarks.study lift run` (units), then `python -m benchmarks.study lift report`.",
