@@ -275,6 +275,11 @@ def run_sweep(trainable: Callable[..., None], sweep: SweepConfig, storage: Path,
     wrapped = tune.with_resources(tune.with_parameters(trainable, **trainable_kwargs), {"cpu": sweep.trial_cpus})
     # Learners report evaluation metrics only every few iterations; ASHA and PBT skip results without the metric.
     os.environ.setdefault("TUNE_DISABLE_STRICT_METRIC_CHECKING", "1")
+    # With num_to_keep set, Tune snapshots its state whenever a trial has made that many checkpoints, and warns
+    # ("may become a bottleneck") when two snapshots fall within 5 s: every few seconds on smoke sweeps, whose trials
+    # report (and checkpoint) each second or so. Our snapshots are a few small files written whole in ~20 ms
+    # (cluster/whole_files.py), so that warning is noise here; a user's own threshold still wins.
+    os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")
     pbt = sweep.scheduler.name == "pbt"
     storage = storage.resolve()  # the filesystem below takes paths as they are, in every trial's working directory
     filesystem = whole_files_filesystem()  # a kill while Tune copies its state leaves the last whole copy

@@ -171,8 +171,8 @@ def test_local_cluster_prints_labelled_lines_a_token_that_works_and_a_stop_line(
         for s in held:
             s.close()
         label = {m.group(1): m.group(2) for ln in lines if (m := re.match(r"^  ([a-z ]+):\s+(.*)$", ln))}
-        want = {"dashboard", "token", "run dir", "shell", "job", "driver", "stop"} | ({"prometheus"} if with_prometheus
-                                                                                      else set())
+        want = {"dashboard", "token", "run dir", "shell", "metrics", "job", "driver", "stop"} | (
+            {"prometheus"} if with_prometheus else set())
         assert want <= set(label), lines
         dashboard = label["dashboard"].split()[0]
         assert not dashboard.endswith(f":{taken[0]}")
@@ -193,6 +193,15 @@ def test_local_cluster_prints_labelled_lines_a_token_that_works_and_a_stop_line(
                               capture_output=True, text=True, timeout=120)
         assert bare.stdout == "another-clusters-token"
         assert f"--address {dashboard} " in label["job"] and "$PWD/.venv/bin/python" in label["job"]
+        # the submit env that keeps `ray job submit` quiet (test_the_start_lines_submit_env_...), in both lines
+        assert "RAY_OVERRIDE_RUNTIME_ENV_DEFAULT_EXCLUDES='' " in label["shell"] + " " and \
+            "RAY_OVERRIDE_RUNTIME_ENV_DEFAULT_EXCLUDES='' " in label["job"]
+        # the head's metrics endpoint: the pool's counters are there at 0 from the start (Ray exports every few s)
+        deadline, text = time.monotonic() + 60, ""
+        while "ray_orrery_pool_retries_total" not in text and time.monotonic() < deadline:
+            time.sleep(1.0)
+            text = _get(label["metrics"].split()[0])[1]
+        assert re.search(r'^ray_orrery_pool_retries_total\{.*pool="orrery-pool".*\} 0\.0$', text, re.M), text[-2000:]
         assert label["stop"].endswith(f"kill {proc.pid}")
         if with_prometheus:
             prom = label["prometheus"].split()[0].removesuffix("/graph")
@@ -254,3 +263,50 @@ def test_tensorboard_serves_a_learners_scalars_from_its_run(tmp_path):
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+def _pack_working_dir(work: Path, zip_path: Path) -> list[str]:
+    """What `ray job submit --working-dir <work> --runtime-env configs/runtime_env.yaml` packs (Ray's own packaging,
+    no cluster): the names in the zip. Ray's warnings go to the `ray.dashboard.modules.job.cli` logger there; here to
+    the logger of this module, which the caller captures."""
+    import logging
+
+    import yaml
+    from ray._private.runtime_env.packaging import create_package
+    from ray._private.runtime_env.working_dir import upload_working_dir_if_needed
+    from ray.util.debug import reset_log_once
+    import zipfile
+
+    runtime_env = {**yaml.safe_load((ROOT / "configs" / "runtime_env.yaml").read_text()), "working_dir": str(work)}
+    reset_log_once()  # Ray warns once per process: a warning logged earlier in this process would hide this one
+
+    def upload(path: str, excludes: list[str], is_file: bool = False) -> None:
+        create_package(path, zip_path, include_gitignore=True, excludes=excludes)
+
+    upload_working_dir_if_needed(runtime_env, include_gitignore=True, logger=logging.getLogger(__name__),
+                                 upload_fn=upload)
+    return zipfile.ZipFile(zip_path).namelist()
+
+
+def test_the_start_lines_submit_env_packs_no_git_or_venv_and_warns_about_neither(tmp_path, monkeypatch, caplog):
+    """The `shell:`/`job:` lines' QUIET_SUBMIT_ENV empties Ray's default excludes: a submit of a checkout then logs
+    none of Ray 2.60's '.git/.venv is now ignored by default' warnings, and configs/runtime_env.yaml still keeps .git,
+    .venv, venv, caches and runs out of the upload. Without it Ray warns (the control)."""
+    import logging
+    work = tmp_path / "checkout"
+    for rel in (".git/HEAD", ".venv/bin/python", "venv/bin/python", "pkg/__pycache__/m.cpython-311.pyc",
+                "runs/r/metrics.parquet", "pkg/m.py", "configs/a.yaml", "pkg/sub/.git/HEAD"):
+        (work / rel).parent.mkdir(parents=True, exist_ok=True)
+        (work / rel).write_text("x")
+    monkeypatch.delenv("RAY_OVERRIDE_RUNTIME_ENV_DEFAULT_EXCLUDES", raising=False)
+    with caplog.at_level(logging.WARNING, logger=__name__):
+        _pack_working_dir(work, tmp_path / "control.zip")
+    assert any("ignored by default" in r.getMessage() for r in caplog.records), caplog.text
+    caplog.clear()
+    for key, value in local.QUIET_SUBMIT_ENV.items():
+        monkeypatch.setenv(key, value)
+    with caplog.at_level(logging.WARNING, logger=__name__):
+        names = _pack_working_dir(work, tmp_path / "quiet.zip")
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING], caplog.text
+    assert {"pkg/m.py", "configs/a.yaml"} <= set(names), names
+    assert not [n for n in names if {".git", ".venv", "venv", "__pycache__", "runs"} & set(n.split("/"))], names

@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shlex
 import signal
 import socket
 import subprocess
@@ -369,6 +370,12 @@ def start_pool(head: "LocalNode", token_file: Path, overrides: list[str]) -> boo
     return False
 
 
+# Ray 2.60 warns on every submit that `.git` and `.venv` "are now ignored by default", even when the job's runtime env
+# (configs/runtime_env.yaml) excludes them itself. Emptying Ray's default list, as its warning suggests, leaves that
+# file's excludes (a superset of the defaults) the only ones, and the submit quiet.
+QUIET_SUBMIT_ENV = {"RAY_OVERRIDE_RUNTIME_ENV_DEFAULT_EXCLUDES": ""}
+
+
 def _raise_interrupt(signum: int, frame: Any) -> None:
     raise KeyboardInterrupt  # `kill <pid>` stops the cluster as Ctrl-C does
 
@@ -378,6 +385,7 @@ def start_lines(head: "LocalNode", token_file: Path, run_dir: Path, prometheus_u
     """What the start prints: one labelled line per thing an operator needs, each command ready to paste."""
     ray_cli = ".venv/bin/ray"
     auth = f"RAY_AUTH_MODE=token RAY_AUTH_TOKEN_PATH={token_file}"
+    submit = auth + "".join(f" {k}={shlex.quote(v)}" for k, v in QUIET_SUBMIT_ENV.items())  # for `ray job submit`
     scale = " scale=rehearsal" if workers and gpus else ""
     nodes = f" + {workers} worker nodes ({cpus} CPUs, {gpus} logical GPUs each)" if workers else ""
     lines = [f"cluster up: 1 head ({head_cpus} CPUs){nodes}",
@@ -388,8 +396,9 @@ def start_lines(head: "LocalNode", token_file: Path, run_dir: Path, prometheus_u
         f"  token:      {token_file}  (print it: RAY_AUTH_TOKEN_PATH={token_file} {ray_cli} get-auth-token; a bare "
         f"`ray get-auth-token` prints ~/.ray/auth_token, another cluster's)",
         f"  run dir:    {run_dir}  (node logs: {run_dir}/h/session_latest/logs)",
-        f"  shell:      export {auth}",
-        f"  job:        {auth} {ray_cli} job submit --address {head.dashboard_url} --working-dir . "
+        f"  shell:      export {submit}",
+        f"  metrics:    {head.metrics_url}  (the head's Prometheus text)",
+        f"  job:        {submit} {ray_cli} job submit --address {head.dashboard_url} --working-dir . "
         f"--runtime-env configs/runtime_env.yaml -- \"$PWD/.venv/bin/python\" -m experiments.run experiment=collect"
         f"{scale} cluster=remote output_dir=$PWD/runs",
         f"  driver:     {auth} .venv/bin/python -m experiments.run experiment=lift_pretrain env=pendulum{scale} "
