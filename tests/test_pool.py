@@ -8,6 +8,7 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 
 import pytest
 import ray
@@ -16,6 +17,22 @@ from cluster.pool import SamplerError
 from tests.helpers import wait_until
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture(scope="module")
+def shared_pool(ray_cluster):
+    """One 2-worker pool for the tests that neither kill its processes nor need another shape. Each pool costs a
+    manager and two worker processes (seconds of CPU each on CI's 2 shared cores), so these tests share one and check
+    what they caused as differences of its counters. 0.25 CPU per worker leaves room for the pool a test makes
+    beside it."""
+    from experiments.registry import attach_pool
+    pool = attach_pool({"name": f"test-pool-shared-{uuid.uuid4().hex[:6]}", "num_workers": 2, "num_cpus": 0.25})
+    yield pool
+    pool.shutdown()
+
+
+def _worker_counts(pool, key: str) -> list[int]:
+    return [w[key] for w in pool.stats()["workers"]]
 
 
 def _kill_busy_worker_soon(pool, delay_s: float, no_restart: bool) -> threading.Thread:
@@ -61,22 +78,24 @@ def test_results_stream_as_they_finish_and_map_keeps_order(pool_factory, tmp_pat
     assert [r["request"]["i"] for r in pool.map("echo", fast_first)] == list(range(6))
 
 
-def test_weights_are_fetched_once_per_version_per_worker(pool_factory):
-    pool = pool_factory(num_workers=2)
-    v1 = pool.publish("policy", {"w": list(range(1000))})
-    out = pool.map("echo", [{"echo_weights": True}] * 8, weights="policy")
+def test_weights_are_fetched_once_per_version_per_worker(shared_pool):
+    pool, key = shared_pool, f"policy-{uuid.uuid4().hex[:6]}"  # a key of its own on the shared pool
+    before = _worker_counts(pool, "weight_fetches")
+    v1 = pool.publish(key, {"w": list(range(1000))})
+    out = pool.map("echo", [{"echo_weights": True}] * 8, weights=key)
     assert v1 == 1 and all(r["weights_version"] == 1 and r["weights"]["w"][-1] == 999 for r in out)
-    fetches = [w["weight_fetches"] for w in pool.stats()["workers"]]
+    fetches = [n - b for n, b in zip(_worker_counts(pool, "weight_fetches"), before)]
     assert sum(fetches) <= 2 and max(fetches) <= 1, fetches
-    v2 = pool.publish("policy", {"w": [7]})
-    out = pool.map("echo", [{"echo_weights": True}] * 8, weights="policy")
+    v2 = pool.publish(key, {"w": [7]})
+    out = pool.map("echo", [{"echo_weights": True}] * 8, weights=key)
     assert v2 == 2 and all(r["weights_version"] == 2 and r["weights"]["w"] == [7] for r in out)
-    assert sum(w["weight_fetches"] for w in pool.stats()["workers"]) <= 4
-    assert pool.stats()["weights_versions"]["policy"] == 2
+    assert sum(_worker_counts(pool, "weight_fetches")) - sum(before) <= 4
+    assert pool.stats()["weights_versions"][key] == 2
 
 
-def test_two_drivers_share_one_named_pool(pool_factory, ray_cluster):
-    pool = pool_factory(num_workers=2)
+def test_two_drivers_share_one_named_pool(shared_pool, ray_cluster):
+    pool = shared_pool
+    requests_before = pool.stats()["requests"]
     pids_here = {r["pid"] for r in pool.map("echo", [{"sleep_s": 0.1}] * 4)}
     address = ray.get_runtime_context().gcs_address
     script = (
@@ -91,7 +110,7 @@ def test_two_drivers_share_one_named_pool(pool_factory, ray_cluster):
     assert proc.returncode == 0, proc.stderr[-2000:]
     pids_there = set(json.loads(proc.stdout.split("PIDS", 1)[1]))
     assert pids_there and pids_there <= pids_here, "the second driver must be served by the same workers"
-    assert pool.stats()["requests"] == 8
+    assert pool.stats()["requests"] - requests_before == 8
 
 
 def test_worker_resources_are_honoured(pool_factory):
@@ -101,11 +120,12 @@ def test_worker_resources_are_honoured(pool_factory):
     assert ray.available_resources().get("GPU", 0) == pytest.approx(0.0)
 
 
-def test_sampler_errors_surface_and_are_not_retried(pool_factory):
-    pool = pool_factory(num_workers=1)
+def test_sampler_errors_surface_and_are_not_retried(shared_pool):
+    pool = shared_pool
+    retries_before = pool.stats()["retries"]
     with pytest.raises(SamplerError, match="no_such_key"):
         pool.map("env", [{"steps": 1}], config={"no_such_key": 1})
-    assert pool.stats()["retries"] == 0
+    assert pool.stats()["retries"] == retries_before
     with pytest.raises(KeyError, match="unknown sampler"):
         pool.map("nope", [{}])
 
@@ -128,10 +148,10 @@ def _map_within(pool, requests: list[dict], timeout_s: float) -> list:
     return out[0]
 
 
-def test_a_failing_request_gives_back_every_slot(pool_factory):
+def test_a_failing_request_gives_back_every_slot(shared_pool):
     """One request raises while one is running and two wait for a worker: the map fails, and the next map is served
     at once by both workers (the running request's slot comes back when it ends, the waiters' right away)."""
-    pool = pool_factory(num_workers=2)
+    pool = shared_pool
     with pytest.raises(SamplerError, match="boom"):
         pool.map("echo", [{"fail": "boom"}] + [{"sleep_s": 1.5}] * 3)
     start = time.monotonic()
@@ -250,11 +270,14 @@ def test_slots_per_worker_run_requests_concurrently(pool_factory):
     assert time.monotonic() - start < 1.8, "two 1 s requests on one worker with 2 slots must overlap"
 
 
-def test_small_requests_travel_in_batches_over_every_worker(pool_factory):
-    pool = pool_factory(num_workers=2)
-    pool.map("echo", [{"i": i} for i in range(4)])  # the manager learns that echo requests take microseconds
+def test_small_requests_travel_in_batches_over_every_worker(shared_pool):
+    pool = shared_pool
+    # the manager learns speeds per sampler and config: a config of this test's own, so the slow echo requests of
+    # the other tests on the shared pool do not count
+    tiny = {"config": {"speed_of": "tiny requests"}}
+    pool.map("echo", [{"i": i} for i in range(4)], **tiny)  # the manager learns that these take microseconds
     before = pool.stats()
-    out = pool.map("echo", [{"i": i} for i in range(200)])
+    out = pool.map("echo", [{"i": i} for i in range(200)], **tiny)
     after = pool.stats()
     assert [r["request"]["i"] for r in out] == list(range(200)), "every result once, in request order"
     calls = after["calls"] - before["calls"]
