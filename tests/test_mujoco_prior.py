@@ -126,6 +126,22 @@ def test_batched_prior_matches_single_state_terms(task):
     assert minv_h.dtype == torch.float64
 
 
+def test_batched_prior_in_several_chunks_equals_the_loop():
+    """A batch larger than one chunk (Humanoid fp64: 1024 states) gives the MuJoCo loop's terms in every row."""
+    env = gym.make("Humanoid-v5")
+    batched, loop = MujocoPrior.from_env(env), MujocoPrior.from_env(env, backend="mujoco")
+    assert mujoco_prior._chunk_rows(batched.nv, 8) < 1100
+    rng = np.random.default_rng(5)
+    model = env.unwrapped.model
+    qpos = model.qpos0 + rng.normal(scale=0.3, size=(1100, model.nq))
+    quat = rng.normal(size=(1100, 4))
+    qpos[:, 3:7] = quat / np.linalg.norm(quat, axis=1, keepdims=True)
+    states = [torch.from_numpy(x) for x in (qpos, rng.normal(size=(1100, model.nv)),
+                                            rng.uniform(-1, 1, size=(1100, model.nu)))]
+    for got, want in zip(batched.terms(*states), loop.terms(*states)):
+        assert float((got - want).abs().max() / want.abs().max()) < 1e-9
+
+
 def test_prior_keeps_the_nominal_model_when_the_env_is_changed():
     env = gym.make("Walker2d-v5")
     prior = MujocoPrior.from_env(env)

@@ -170,6 +170,12 @@ def position_layout(model: mujoco.MjModel) -> PositionLayout:
     return PositionLayout(tuple(linear_qpos), tuple(linear_qvel), tuple(quat_qpos), tuple(quat_qvel))
 
 
+def _chunk_rows(nv: int, itemsize: int, budget: int = 8 << 20) -> int:
+    """States per chunk of the batched prior: a power of two >= 1024 whose M takes about ``budget`` bytes."""
+    rows = max(1, budget // (nv * nv * itemsize))
+    return max(1024, 1 << (rows.bit_length() - 1))
+
+
 class MujocoPrior:
     """Batched prior of equation (2) for a fixed (nominal) MuJoCo model; the world model's ``RigidBodyPrior``.
 
@@ -242,11 +248,20 @@ class MujocoPrior:
             dtype = self.compute_dtype or qpos.dtype
             with torch.no_grad():
                 q, v, a = (t.detach().to(dtype) for t in (qpos, qvel, action))
-                mass, bias, passive, actuator = self.dynamics.terms(q, v, a)
                 damping = torch.as_tensor(self._damping_diag, dtype=dtype, device=qpos.device)
-                factor = torch.linalg.cholesky(mass + torch.diag(damping))
-                return (torch.cholesky_inverse(factor).to(qpos.dtype),
-                        (actuator + passive - bias).to(qpos.dtype))
+                minv_h = q.new_empty(q.shape[0], self.nv, self.nv)
+                force = q.new_empty(q.shape[0], self.nv)
+                # in chunks of ~8 MB of M: the temporaries of a whole large batch (~100 MB for a humanoid at 4096 in
+                # fp64) would be returned to the OS after each call and page-faulted in again on the next, which
+                # cost more than the extra calls (benchmarks/RESULTS.md "Physics prior")
+                step = _chunk_rows(self.nv, q.element_size())
+                for start in range(0, q.shape[0], step):
+                    rows = slice(start, start + step)
+                    mass, bias, passive, actuator = self.dynamics.terms(q[rows], v[rows], a[rows])
+                    mass.diagonal(dim1=-2, dim2=-1).add_(damping)
+                    torch.cholesky_inverse(torch.linalg.cholesky(mass), out=minv_h[rows])
+                    torch.sub(actuator + passive, bias, out=force[rows])
+                return minv_h.to(qpos.dtype), force.to(qpos.dtype)
         mass, bias, actuator, passive = self.numpy_terms(
             qpos.detach().cpu().double().numpy(), qvel.detach().cpu().double().numpy(),
             action.detach().cpu().double().numpy())

@@ -30,8 +30,8 @@ Why the code has this shape (profiled at batch 4096 on one CPU thread; benchmark
   into the dense matrix, identity frames to skip, all built at construction; constants cached per (device, dtype).
 - **no large temporaries**: M's pairs are formed per dof (an all-pairs gather would build a (185, 6, B) temporary,
   ~36 MB at B = 4096 in fp64, slower than the 23 small products because of the page faults of such allocations).
-- M is returned batch-first (B, nv, nv), as LAPACK's batched Cholesky wants it: one transpose of the pairs, then one
-  gather of columns; (M + hD)^-1 stays LAPACK's (``MujocoPrior``: cholesky + cholesky_inverse): a batch-last sparse
+- M is returned batch-first (B, nv, nv), as LAPACK's batched Cholesky wants it: the pairs are scattered into the
+  columns of a zero (B, nv²) matrix; (M + hD)^-1 stays LAPACK's (``MujocoPrior``: cholesky + cholesky_inverse): a batch-last sparse
   LDLᵀ and dense inverse in torch ops costs more than LAPACK's per-matrix calls at nv ≈ 20.
 
 MuJoCo's conventions, matched here (``mj_kinematics``, ``mj_comPos``, ``mj_comVel``, ``mj_passive``,
@@ -193,20 +193,16 @@ class RigidBodyDynamics:
                     for i in dofs:
                         earlier[i, seen] = 1.0
                 seen += dofs
-        # M's nonzero pattern: (i, j) with body(j) an ancestor-or-self of body(i), each pair once (i >= j on one body);
-        # entry k of the flat (nv * nv) matrix reads pair ``mass_map[k]`` (the last slot: a structural zero)
+        # M's nonzero pattern: (i, j) with body(j) an ancestor-or-self of body(i), each pair once (i >= j on one body)
         pairs = [(i, j) for i in range(self.nv) for j in range(self.nv)
                  if dof_anc[i, j] and (not same[i, j] or i >= j)]
-        mass_map = np.full((self.nv, self.nv), len(pairs), dtype=np.int64)
-        for k, (i, j) in enumerate(pairs):
-            mass_map[i, j] = mass_map[j, i] = k
         pair_i, pair_j = (np.asarray(x, dtype=np.int64) for x in zip(*pairs))
         self.has_free = bool(free_translation.any())
         self._numpy = dict(
             mass=model.body_mass[1:], inertia=model.body_inertia[1:],
             composite_mass=(anc.T @ model.body_mass[1:])[self.dof_body],  # mass of dof i's body's subtree
             keep_dot=1.0 - free_translation,
-            pair_i=pair_i, pair_j=pair_j, mass_map=mass_map.reshape(-1),
+            pair_i=pair_i, pair_j=pair_j, pair_lower=pair_i * self.nv + pair_j, pair_upper=pair_j * self.nv + pair_i,
             pair_armature=np.where(pair_i == pair_j, model.dof_armature[pair_i], 0.0),
             damping=model.dof_damping.copy(), gravity=np.concatenate([np.zeros(3), -model.opt.gravity]),
             qpos0=model.qpos0.copy(), qpos_spring=model.qpos_spring.copy(),
@@ -461,9 +457,12 @@ class RigidBodyDynamics:
         # (npairs, 6, B) temporary: ~40 MB for a humanoid at B = 4096 in fp64, slower than these nv small products)
         pairs = torch.cat([(applied[i] * axes[ancestors]).sum(1) for i, ancestors in c["pair_groups"]])
         pairs = pairs + c["pair_armature"][:, None]  # (npairs, B)
-        # batch-first for the dense result: one transpose of the pairs, then one gather of columns
-        flat = torch.cat((pairs, pairs.new_zeros(1, batch))).t().contiguous()
-        return flat[:, c["mass_map"]].reshape(batch, self.nv, self.nv)
+        # batch-first for the dense result: the pairs copied into the columns of their (i, j) and (j, i) entries
+        # (a column scatter into zeros is several times cheaper than transposing the pairs and gathering columns)
+        mass = pairs.new_zeros(batch, self.nv * self.nv)
+        mass.index_copy_(1, c["pair_lower"], pairs.t())
+        mass.index_copy_(1, c["pair_upper"], pairs.t())
+        return mass.reshape(batch, self.nv, self.nv)
 
     def terms(self, qpos: Tensor, qvel: Tensor, ctrl: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         """M (B, nv, nv), qfrc_bias, qfrc_passive, qfrc_actuator (B, nv) at a batch of states and controls."""
