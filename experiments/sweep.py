@@ -113,6 +113,10 @@ def sweep_dir(cfg: dict[str, Any]) -> Path:
     path = base / (name or time.strftime("sweep-%Y%m%d-%H%M%S"))
     if cfg["resume"] and not path.exists():
         raise FileNotFoundError(f"resume=true but sweep directory {path} does not exist")
+    if not cfg["resume"] and (path / TUNE_DIR).is_dir():
+        # Tune would start a new sweep over the old one's state, and trials/ would hold both sweeps' trials
+        raise FileExistsError(f"sweep directory {path} already holds a sweep: add resume=true to continue it, or "
+                              f"give another run_name")
     return path
 
 
@@ -139,7 +143,7 @@ def main(argv: list[str] | None = None) -> Any:
         base = trial_overrides(argv)
         load(base + [override(k, v) for k, v in representative(sweep.params).items()])
         path = sweep_dir(cfg)
-    except (ConfigError, FileNotFoundError) as err:
+    except (ConfigError, FileNotFoundError, FileExistsError) as err:
         print(f"config error: {err}", file=sys.stderr)
         raise SystemExit(2)
     setup_process(cfg["torch_threads"], cfg["log_level"])

@@ -70,6 +70,19 @@ def test_space_scheduler_and_errors_from_yaml():
                             "output_dir=/o", "seed=3"]) == ["experiment=collect", "seed=3"]
 
 
+def test_a_second_sweep_under_a_used_run_name_is_refused_without_resume(tmp_path):
+    """The README's job sweep has a fixed run_name: run twice, Tune would start over on top of the first sweep's state
+    and trials/ would mix both sweeps' trials. It is refused in one line; resume=true continues it."""
+    from experiments.sweep import sweep_dir
+    cfg = {"output_dir": str(tmp_path), "experiment": {"name": "collect"}, "run_name": "sweep-1", "resume": False}
+    path = tmp_path / "collect" / "sweep-1"
+    assert sweep_dir(cfg) == path  # a new name, or a folder a killed start left before Tune wrote anything
+    (path / "tune").mkdir(parents=True)
+    with pytest.raises(FileExistsError, match="already holds a sweep: add resume=true to continue it"):
+        sweep_dir(cfg)
+    assert sweep_dir({**cfg, "resume": True}) == path
+
+
 def _run_with_commits(run_path: Path, steps: range, *, start=None) -> journal.Journal:
     store = ParquetStore(run_path / "data" / "x")
     metrics = MetricsLogger(run_path, tensorboard=False)
