@@ -41,7 +41,7 @@ except ImportError:  # pragma: no cover
     pass
 
 # A test that uses one of these starts or needs a Ray cluster: it is `cluster` and `slow` (not in the fast tier).
-CLUSTER_FIXTURES = frozenset({"ray_cluster", "pool_factory", "pool_name", "local_nodes"})
+CLUSTER_FIXTURES = frozenset({"ray_cluster", "pool_factory", "pool_name", "module_pool_name", "local_nodes"})
 # A test that uses one of these trains a model first (unless cached): `slow`.
 TRAINING_FIXTURES = frozenset({"sft_policy"})
 
@@ -84,6 +84,17 @@ def ray_cluster(tmp_path_factory):
 def pool_name(ray_cluster):
     """A unique pool name for a run the test starts (in-process or as a driver on the session cluster); the pool is
     shut down after the test."""
+    name = f"test-pool-{uuid.uuid4().hex[:6]}"
+    yield name
+    from cluster.pool import shutdown_pool
+    shutdown_pool(name)
+
+
+@pytest.fixture(scope="module")
+def module_pool_name(ray_cluster):
+    """A pool name for all the runs of one module's tests that do not kill the pool's processes: they attach to one
+    pool by name, as runs share a cluster's pool. A pool costs a manager and its workers, which import their
+    samplers' code on their first request: seconds of CPU each on CI's 2 shared cores, per pool."""
     name = f"test-pool-{uuid.uuid4().hex[:6]}"
     yield name
     from cluster.pool import shutdown_pool
