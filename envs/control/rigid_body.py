@@ -46,10 +46,12 @@ MuJoCo's conventions, matched here (``mj_kinematics``, ``mj_comPos``, ``mj_comVe
 - actuators with joint transmission on hinge/slide, fixed gain and none/affine bias, no activation dynamics; ctrl and
   force clamped as ``ctrllimited``/``forcelimited`` say.
 
-Speed (benchmarks/physics_prior.py, benchmarks/RESULTS.md "Physics prior (issue 41)"): on one CPU thread this is
-about as fast as MuJoCo's own per-state loop (fp64 0.5–0.9x, fp32 0.8–1.8x), far from issue 41's 20x goal: eager
-torch is bound by the memory traffic of many small elementwise ops. What it gives is an exact, differentiable prior on
-the states' device with no host round trip.
+Speed (benchmarks/physics_prior.py, benchmarks/RESULTS.md "Physics prior (issue 41)", one loaded CPU thread):
+``MujocoPrior.terms`` on this form is 1.3x (fp64) / 2.3x (fp32) MuJoCo's per-state loop for Humanoid and 2.0x / 3.3x for
+Walker2d at batch 4096 (the first form: 0.6x / 1.2x and 0.9x / 1.3x), far from issue 41's 20x: LAPACK's per-matrix
+Cholesky and inverse alone take ~5 µs of a Humanoid state's ~20 µs, and at the batches where dispatch stops
+dominating, eager torch is bound by the memory traffic of dense (B, nv, nv) results. What it gives is an exact,
+differentiable prior on the states' device with no host round trip.
 
 Anything outside that (tendon springs or dampers, fluid forces, gravity compensation, other actuator kinds) raises
 at construction rather than giving a silently different prior.
