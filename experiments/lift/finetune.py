@@ -51,7 +51,7 @@ import logging
 from typing import Any
 
 from envs.control.tasks import TASKS
-from experiments.lift.finetune_config import DEFAULT_CHANGES, METHODS, Config, pretrain_change, pretrain_files, task_of
+from experiments.lift.finetune_config import METHODS, Config, finetune_envs, pretrain_files, task_of
 from experiments.lift.finetune_config import check  # noqa: F401 - the registry's hook on the entry module
 from experiments.lift.plots import plot_recovery
 
@@ -108,8 +108,7 @@ def run(cfg: dict, ctx) -> dict[str, Any]:
     exp: Config = ctx.typed["experiment"]
     task = task_of(cfg)
     files = pretrain_files(exp.pretrain_run)
-    change = exp.change or DEFAULT_CHANGES[task]
-    reference = exp.reference_change or pretrain_change(exp.pretrain_run)
+    change, reference = finetune_envs(exp, task)
     methods = exp.method_list()
     pool = ctx.pool
     pretrained_key = f"{ctx.run_id}/pretrained"

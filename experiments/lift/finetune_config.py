@@ -142,6 +142,21 @@ class Config:
         unknown = sorted(set(self.sac) - set(FINETUNE_SAC))
         if unknown:
             raise ValueError(f"experiment.sac.{unknown[0]}: unknown key (valid: {', '.join(sorted(FINETUNE_SAC))})")
+        from algos.lift.sac import SACConfig
+        try:  # the learner builds its SACConfig from these; a bad value fails here, not in a Train worker
+            SACConfig(**self.finetune_sac())
+        except ValueError as err:
+            raise ValueError(f"experiment.sac: {err}") from None
+        if not self.wm_hidden or min(self.wm_hidden) < 1:
+            raise ValueError(f"experiment.wm_hidden: layer sizes >= 1, got {self.wm_hidden}")
+        if self.wm_min_improvement < 0:
+            raise ValueError(f"experiment.wm_min_improvement: must be >= 0, got {self.wm_min_improvement}")
+        if self.device != "auto":
+            import torch
+            try:  # a learner resolves it on its worker; a typo fails here, at validation
+                torch.device(self.device)
+            except RuntimeError as err:
+                raise ValueError(f"experiment.device: 'auto' or a torch device, got {self.device!r} ({err})") from None
         for name in ("horizon_schedule", "hupt_schedule"):
             LinearSchedule.from_list(getattr(self, name), f"experiment.{name}")
 
@@ -182,6 +197,14 @@ def pretrain_change(pretrain_run: str | Path) -> dict | None:
     return (yaml.safe_load(path.read_text()).get("experiment") or {}).get("change")
 
 
+def finetune_envs(exp: Config, task: str) -> tuple[dict, dict | None]:
+    """The driver's two envs: the changed env every method finetunes in (``experiment.change``, else the task's
+    ``DEFAULT_CHANGES``) and the reference env of the pre-change return (``experiment.reference_change``, else the
+    pretraining run's own change)."""
+    change = exp.change or DEFAULT_CHANGES[task]
+    return change, exp.reference_change or pretrain_change(exp.pretrain_run)
+
+
 def pretrain_files(pretrain_run: str | None) -> dict[str, Path]:
     """policy.pt, agent.pt and the replay Parquet folders of a lift_pretrain run, or ConfigError naming what is missing."""
     from experiments.config import ConfigError
@@ -214,7 +237,7 @@ def check(exp: Config, raw: dict) -> None:
         raise ConfigError(f"experiment.rollout_batch: {exp.rollout_batch} start states per branch cannot be shared by "
                           f"train.num_workers={world}")
     pretrain_files(exp.pretrain_run)
-    change = exp.change or DEFAULT_CHANGES[task]
+    change, reference = finetune_envs(exp, task)
     try:
         changes = parse_changes(change)
     except ValueError as err:
@@ -225,8 +248,7 @@ def check(exp: Config, raw: dict) -> None:
     # agent.pt was saved by a GPU learner; the head that checks the config may have no GPU
     agent = torch.load(pretrain_files(exp.pretrain_run)["agent"], weights_only=True, map_location="cpu")
     obs_dim = agent["arch"]["obs_dim"]
-    for key, spec in (("change", change), ("reference_change", exp.reference_change or pretrain_change(
-            exp.pretrain_run))):
+    for key, spec in (("change", change), ("reference_change", reference)):
         try:
             env = make_env(task, spec)
         except (ValueError, TypeError) as err:
