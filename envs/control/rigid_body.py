@@ -31,8 +31,8 @@ Why the code has this shape (profiled at batch 4096 on one CPU thread; benchmark
 - **no large temporaries**: M's pairs are formed per dof (an all-pairs gather would build a (185, 6, B) temporary,
   ~36 MB at B = 4096 in fp64, slower than the 23 small products because of the page faults of such allocations).
 - M is returned batch-first (B, nv, nv), as LAPACK's batched Cholesky wants it: the pairs are scattered into the
-  columns of a zero (B, nv²) matrix; (M + hD)^-1 stays LAPACK's (``MujocoPrior``: cholesky + cholesky_inverse): a batch-last sparse
-  LDLᵀ and dense inverse in torch ops costs more than LAPACK's per-matrix calls at nv ≈ 20.
+  columns of a zero (B, nv²) matrix; (M + hD)^-1 stays LAPACK's (``MujocoPrior``: cholesky + cholesky_inverse): a
+  batch-last sparse LDLᵀ and dense inverse in torch ops costs more than LAPACK's per-matrix calls at nv ≈ 20.
 
 MuJoCo's conventions, matched here (``mj_kinematics``, ``mj_comPos``, ``mj_comVel``, ``mj_passive``,
 ``mj_fwdActuation`` in MuJoCo's engine_core_smooth.c / engine_passive.c / engine_forward.c):
@@ -170,6 +170,7 @@ class RigidBodyDynamics:
                                        model.jnt_axis[j].copy(), model.jnt_pos[j].copy())
                                 for j in range(adr, adr + num)])
         self.dof_body = np.asarray(model.dof_bodyid, dtype=np.int64) - 1
+        self._dof_body_list = self.dof_body.tolist()
         # ancestor-or-self relation of bodies (anc[b, a] = 1: a is b or one of its ancestors), and of dofs
         anc = np.zeros((nbody, nbody))
         for b in range(nbody):
@@ -323,8 +324,8 @@ class RigidBodyDynamics:
             consts["body_ipos"] = as_t(np.stack([body["ipos"] for body in self._bodies]))
             consts["body_irot_t"] = as_t(np.stack([body["irot"].T for body in self._bodies]))
             consts["earlier"] = [as_t(block) if block.any() else None for block in self._earlier_blocks]
-            consts["pair_groups"] = [(int(i), consts["pair_j"][self._numpy["pair_i"] == i])
-                                     for i in np.unique(self._numpy["pair_i"])]
+            pair_i, pair_j = self._numpy["pair_i"], self._numpy["pair_j"]
+            consts["pair_groups"] = [(int(i), as_t(pair_j[pair_i == i])) for i in np.unique(pair_i)]
             consts["bodies"] = [dict(body, pos=as_t(body["pos"]), rot_t=as_t(body["rot"].T), rot=as_t(body["rot"]),
                                      ipos=as_t(body["ipos"]), irot_t=as_t(body["irot"].T),
                                      joints=[(kind, qa, va, as_t(axis), as_t(jpos), offset,
@@ -438,7 +439,7 @@ class RigidBodyDynamics:
 
     def _per_dof(self, per_body: list[Tensor]) -> Tensor:
         """Stack body quantities (k, B) as one row per dof (nv, k, B), each dof taking its body's."""
-        return torch.stack([per_body[b] for b in self.dof_body.tolist()])
+        return torch.stack([per_body[b] for b in self._dof_body_list])
 
     def mass_matrix(self, qpos: Tensor) -> Tensor:
         """M(q) (B, nv, nv), armature included (``mj_fullM`` after ``mj_crb``)."""
