@@ -155,7 +155,7 @@ class Config:
             import torch
             try:  # a learner resolves it on its worker; a typo fails here, at validation
                 torch.device(self.device)
-            except RuntimeError as err:
+            except (RuntimeError, ValueError) as err:
                 raise ValueError(f"experiment.device: 'auto' or a torch device, got {self.device!r} ({err})") from None
         for name in ("horizon_schedule", "hupt_schedule"):
             LinearSchedule.from_list(getattr(self, name), f"experiment.{name}")
