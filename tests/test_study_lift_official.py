@@ -85,7 +85,10 @@ def test_gates_and_a_method_unit_run_the_learner_loop_and_refuse_without_room(ti
     more = run_unit_inline(study.STUDY, "check-start-seeds", root, overrides=UNITS)
     assert set(more["metrics"]["kept_by_seed"]) == {"100", "102", "103"}
     assert more["metrics"]["holds"] == (m["spread"] <= 0.15 and more["metrics"]["mean_kept"] >= 0.9)
-    for name, key, value in (("check-start-seeds", "holds", True), ("room-friction", "passed", False)):
+    coefs = run_unit_inline(study.STUDY, "check-start-coefs", root, overrides=UNITS)
+    assert set(coefs["metrics"]["kept_by_seed"]) == {"104", "105", "106"}
+    assert coefs["metrics"]["coefficients"] == {"load_alpha": True, "sac": {"tau": 0.005}}
+    for name, key, value in (("check-start-coefs", "holds", True), ("room-friction", "passed", False)):
         path = out / f"{name}.json"  # this test's own tiny records: force each verdict in turn
         rec = json.loads(path.read_text())
         rec["metrics"][key] = value

@@ -261,9 +261,11 @@ def train_world_model(model: WorldModel, data: Mapping[str, np.ndarray], cfg: Wo
     eval_every = cfg.eval_every or max(1, len(train_index) // cfg.batch_size)  # 0: once per pass (LIFT's epochs)
     with torch.no_grad():
         _, initial_metrics = model.loss(holdout_batch)
+    # A warm start is a candidate too, but only at the end: the first steps of a refit can raise the error (its
+    # variance head moves first) before they lower it, so the patience counts from the first check, as LIFT's
+    # (best = 1e10 before its first epoch), and the incoming model is restored only if no check beat it.
+    incoming = snapshot(model) if early_stopping is not None and scalers != "fit" else None
     kept_incoming = False
-    if early_stopping is not None and scalers != "fit":  # a warm start: never return something worse than it
-        best_loss, best_state, kept_incoming = initial_metrics[key], snapshot(model), True
     order, cursor, running, steps = rng.permutation(len(train_index)), 0, 0.0, 0
     for steps in range(1, cfg.train_steps + 1):
         if cursor + cfg.batch_size > len(order):  # epochs over shuffled windows, as MBPO/LIFT
@@ -286,11 +288,13 @@ def train_world_model(model: WorldModel, data: Mapping[str, np.ndarray], cfg: Wo
                 improved = (not math.isfinite(best_loss)
                             or best_loss - holdout_loss > early_stopping.min_improvement * abs(best_loss))
                 if holdout_loss < best_loss:
-                    best_loss, best_state, kept_incoming = holdout_loss, snapshot(model), False
+                    best_loss, best_state = holdout_loss, snapshot(model)
                 stale = 0 if improved else stale + 1
                 if stale >= early_stopping.patience:
                     stopped_early = True
                     break
+    if incoming is not None and initial_metrics[key] <= best_loss:
+        best_state, kept_incoming = incoming, True
     if best_state is not None:
         model.load_state_dict(best_state)
     train_seconds = time.perf_counter() - started

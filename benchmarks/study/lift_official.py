@@ -20,9 +20,23 @@ Declared before any seed runs (this file's history is the record of when):
                     cannot decide. The control runs again on seeds 102 and 103 (never seen); the start model holds if
                     the last three evaluations agree and the *mean* kept share of seeds 100, 102 and 103 is
                     >= ``CONTROL_KEEP``. Method units follow this check; check-start's record stays as it is.
+  check-start-coefs (gate) added after check-start-seeds failed (mean 85.7 % over seeds 100, 102, 103). Runs outside
+                    the plan on tuning seed 101 (the controls in the issue-36 note) traced the loss to LIFT's
+                    finetuning coefficients, not to the start model: the temperature reset to e^-7.13 with tau 0.001
+                    dipped to 2494 after 200 SAC steps, keeping the pretrained temperature and tau 0.005 gave
+                    2845-2893, and an (almost) update-free run 2779-2908 (the evaluation's noise). A study run with
+                    LIFT's coefficients would measure that dip in every method, so every unit from here on uses
+                    ``STUDY_COEFFICIENTS`` (a declared departure from LIFT's finetune_sac_config; the cluster's defaults
+                    stay LIFT's), and the start model holds if the control under them keeps a mean >= ``CONTROL_KEEP``
+                    on three unseen seeds (104-106). Method units follow this check.
   gate-<change> (gate) zero-shot: the pretrained policy in the changed env up the change's ladder (``ladder``) until
                     it keeps < ``KEEP_LIMIT`` of its return (a change too weak leaves no recovery to measure).
-  room-<change> (gate) the model has room: LIFT for ``ROOM_EPOCHS`` epochs on tuning seed 100; by epoch 2 the refit
+  room-<change> (gate) [first run of room-friction: the refit never left the stage-2 model (each of its three
+                    refits stopped after 6 passes, none better than the incoming model: a fresh Adam's first steps move
+                    the variance head and raise the mean's error before they lower it, and the patience counted from
+                    the incoming model). The refit now counts its patience from its first check, as LIFT's, and
+                    returns the incoming model only if no check beat it; that record is in ``superseded/``.]
+                    the model has room: LIFT for ``ROOM_EPOCHS`` epochs on tuning seed 100; by epoch 2 the refit
                     physics model's 1-step error on that epoch's fresh real data is at most the frozen stage-2
                     model's. If not, every method unit of the change refuses (the refit must be fixed first).
   <change>-<method>-s<seed> (report) ``METHODS`` on seeds 10-14, ``APPENDIX_METHODS`` on seeds 10-11: the learner's
@@ -30,7 +44,8 @@ Declared before any seed runs (this file's history is the record of when):
                     schedule shape scaled to 6 epochs of 500 real steps after a 1000-step prefill, so LIFT does
                     0.4 -> 4 SAC steps per real step (LIFT: 0.2 -> 20 over 1000-step epochs; HUPT's end 1000 -> 100,
                     x0.1; the horizon schedule is LIFT's own, reaching H = 10 by the last epoch); LIFT's finetuning
-                    coefficients for every method (no tuning); 10 deterministic evaluation episodes per epoch.
+                    coefficients for every method (no tuning; see check-start-coefs for the two that changed); 10 deterministic
+                    evaluation episodes per epoch.
 """
 from __future__ import annotations
 
@@ -56,6 +71,9 @@ CONTROL_METHOD = "sac_finetune_matched"
 CONTROL_KEEP = 0.9
 CONTROL_SEED = 100
 CONTROL_MORE_SEEDS = (102, 103)  # check-start-seeds (see the module docstring)
+CONTROL_COEF_SEEDS = (104, 105, 106)  # check-start-coefs
+LIFT_COEFFICIENTS = {"load_alpha": False, "sac": {}}  # LIFT's finetune_sac_config: what check-start(-seeds) ran
+STUDY_COEFFICIENTS = {"load_alpha": True, "sac": {"tau": 0.005}}  # the pretrained temperature, the pretraining's tau
 KEEP_LIMIT = 0.8
 ROOM_EPOCHS = 3
 ROOM_SEED = 100
@@ -72,9 +90,12 @@ STUDY_EXP = dict(
     model_buffer_flush=False, model_buffer_capacity=400_000, obs_noise=1.0, env_buffer_capacity=60_000,
     wm_retrain_first=True, wm_pretrain_steps=3000, wm_retrain_steps=1500, wm_loss_horizon=4, wm_patience=6,
     wm_min_improvement=0.01, eval_episodes=EVAL_EPISODES, baseline_updates_per_step=1.0, baseline_chunk_steps=50,
+    **STUDY_COEFFICIENTS,
 )
 # Declared core-seconds per unit (the loop's phases at these sizes on a 2-core EPYC; corrected by measurements)
-EST_CORE_S = {"lift": 330.0, "lift_frozen_model": 250.0, "lift_stochastic": 330.0, "sac_finetune_matched": 250.0,
+# lift/lift_stochastic: + ~6 refits of 400-1500 Adam steps at ~0.1 s (the refit trains to convergence since the
+# room gate's first run, where it never left the stage-2 model)
+EST_CORE_S = {"lift": 700.0, "lift_frozen_model": 250.0, "lift_stochastic": 700.0, "sac_finetune_matched": 250.0,
               "sac_finetune": 160.0}
 
 
@@ -124,6 +145,9 @@ def units() -> list[Unit]:
     plan.append(Unit("check-start-seeds", "gate", CONTROL_METHOD, None, fn + "run_check_start_seeds",
                      {"control_seeds": list(CONTROL_MORE_SEEDS), "keep": CONTROL_KEEP}, ("check-start",),
                      est_core_s=400.0))
+    plan.append(Unit("check-start-coefs", "gate", CONTROL_METHOD, None, fn + "run_check_start_coefs",
+                     {"control_seeds": list(CONTROL_COEF_SEEDS), "keep": CONTROL_KEEP,
+                      "coefficients": STUDY_COEFFICIENTS}, ("check-start-seeds",), est_core_s=600.0))
     for c in CHANGES:
         plan.append(Unit(f"gate-{c}", "gate", "gate", None, fn + "run_gate", {"change": c, "keep_limit": KEEP_LIMIT},
                          ("check-start",), est_core_s=90.0))
@@ -134,7 +158,7 @@ def units() -> list[Unit]:
         for c in CHANGES:
             for m in METHODS + (APPENDIX_METHODS if seed in APPENDIX_SEEDS else ()):
                 plan.append(Unit(f"{c}-{m}-s{seed}", "report", m, seed, fn + "run_method", {"change": c},
-                                 ("check-start-seeds", f"gate-{c}", f"room-{c}"), est_core_s=EST_CORE_S[m]))
+                                 ("check-start-coefs", f"gate-{c}", f"room-{c}"), est_core_s=EST_CORE_S[m]))
     return plan
 
 
@@ -152,10 +176,26 @@ def _finetune(ctx: UnitContext, method: str, env: dict, seed: int, pre: float, z
                                 ctx.work_dir / f"run-{method}-s{seed}", fixed_steps=FIXED_STEPS)
 
 
-def control_run(ctx: UnitContext, seed: int, pre: float) -> dict:
+def control_run(ctx: UnitContext, seed: int, pre: float, coefficients: dict = LIFT_COEFFICIENTS) -> dict:
     """The matched SAC finetune in the unchanged env from the start model: 1000 real steps, no prefill."""
     return _finetune(ctx, CONTROL_METHOD, {"target_velocity": command()}, seed, pre, pre, prefill_steps=0,
-                     epochs=ctx.size("control_epochs", 2))
+                     epochs=ctx.size("control_epochs", 2), **coefficients)
+
+
+def run_check_start_coefs(ctx: UnitContext) -> dict:
+    """The control under the study's coefficients on unseen seeds: holds when the last three evaluations agree and
+    the mean kept share is >= ``keep``."""
+    first = ctx.records()["check-start"]["metrics"]
+    pre = first["pre_change_return"]
+    kept, runs = {}, {}
+    for seed in ctx.setting["control_seeds"]:
+        runs[str(seed)] = control_run(ctx, seed, pre, ctx.setting["coefficients"])
+        kept[str(seed)] = runs[str(seed)]["metrics"]["final_return"] / pre if pre > 0 else float("nan")
+    mean_kept = float(np.mean(list(kept.values())))
+    holds = first["spread"] <= HOLD_SPREAD and mean_kept >= ctx.setting["keep"]
+    return {"metrics": {"kept_by_seed": kept, "mean_kept": mean_kept, "spread": first["spread"],
+                        "pre_change_return": pre, "coefficients": ctx.setting["coefficients"], "holds": bool(holds)},
+            "controls": runs}
 
 
 def run_check_start_seeds(ctx: UnitContext) -> dict:
@@ -209,8 +249,9 @@ def room_verdict(curves: dict, epoch: int = 2) -> dict:
     refit, frozen = curves["wm_heldout_1step"][i], curves["wm_stage2_heldout_1step"][i]
     if refit is None or frozen is None:
         raise ValueError(f"epoch {epoch} has no held-out errors (refit {refit}, frozen {frozen})")
+    # a refit that kept the stage-2 model differs from it only by rounding (its scalers re-expressed): equal passes
     return {"epoch": epoch, "refit_1step": refit, "frozen_1step": frozen, "ratio": refit / frozen,
-            "passed": bool(refit <= frozen)}
+            "passed": bool(refit <= frozen * (1 + 1e-6))}
 
 
 def run_room(ctx: UnitContext) -> dict:
@@ -227,12 +268,12 @@ def run_method(ctx: UnitContext) -> dict:
     from benchmarks.study.core import StudyError
     records = ctx.records()
     change = ctx.setting["change"]
-    for gate in ("check-start-seeds", f"room-{change}"):
+    for gate in ("check-start-coefs", f"room-{change}"):
         if gate not in records:
             raise StudyError(f"lift_official/{ctx.unit.name}: {gate} has no record yet")
-    if not records["check-start-seeds"]["metrics"]["holds"]:
+    if not records["check-start-coefs"]["metrics"]["holds"]:
         raise StudyError(f"lift_official/{ctx.unit.name}: refused: the start model does not hold "
-                         f"({records['check-start-seeds']['metrics']})")
+                         f"({records['check-start-coefs']['metrics']})")
     if not records[f"room-{change}"]["metrics"]["passed"]:
         raise StudyError(f"lift_official/{ctx.unit.name}: refused: the refit is worse than the frozen model on "
                          f"{change} ({records[f'room-{change}']['metrics']}); fix the refit first")
@@ -306,14 +347,34 @@ def start_lines(recs: dict[str, dict]) -> list[str]:
                      f"(spread {c['spread']:.1%}) and a matched SAC finetune in the unchanged env keeping >= "
                      f"{CONTROL_KEEP:.0%} after {c['control_real_steps']} real steps ({c['control_sac_steps']} SAC "
                      f"steps; pre-change {c['pre_change_return']:.0f}, after {c['control_final_return']:.0f}: "
-                     f"{c['control_kept']:.1%}). By this check the start model "
-                     f"{'holds' if c['holds'] else 'does not hold'}.")
+                     f"{c['control_kept']:.1%}), with LIFT's finetuning coefficients (the temperature reset to "
+                     f"e^-7.13, tau 0.001). By this check the start model {'holds' if c['holds'] else 'does not hold'}.")
     if "check-start-seeds" in recs:
         c = recs["check-start-seeds"]["metrics"]
         shares = ", ".join(f"seed {k} {v:.0%}" for k, v in c["kept_by_seed"].items())
         lines.append(f"One control seed cannot decide (a diagnostic seed kept 102 %), so the check was declared again "
-                     f"before more seeds ran: the mean over three seeds ({shares}) is {c['mean_kept']:.1%}. "
-                     f"**The start model {'holds' if c['holds'] else 'does not hold'}.**")
+                     f"before more seeds ran: the mean over three seeds ({shares}) is {c['mean_kept']:.1%}: "
+                     f"{'holds' if c['holds'] else 'does not hold'}.")
+    if "check-start-coefs" in recs:
+        c = recs["check-start-coefs"]["metrics"]
+        shares = ", ".join(f"seed {k} {v:.0%}" for k, v in c["kept_by_seed"].items())
+        lines.append("Diagnostic controls on seed 101 traced the loss to LIFT's coefficients (reset temperature and "
+                     "tau 0.001: 2494 after 200 SAC steps; pretrained temperature and tau 0.005: 2845; almost no "
+                     "updates: 2779), so the study uses the pretrained temperature and tau 0.005 for every method "
+                     f"(declared before the check ran); under them the control keeps {shares}, mean "
+                     f"{c['mean_kept']:.1%}. **The start model {'holds' if c['holds'] else 'does not hold'}.**")
+    return lines
+
+
+def superseded_lines(out_dir: Path) -> list[str]:
+    lines = []
+    for path in sorted((out_dir / "superseded").glob("room-*.json")):
+        m = json.loads(path.read_text())["metrics"]
+        lines.append(f"First run of {path.stem} (superseded, `superseded/{path.name}`): refit / frozen "
+                     f"{m['refit_1step']:.4f} / {m['frozen_1step']:.4f} at epoch {m['epoch']}: every refit had kept "
+                     "the stage-2 model (its patience counted from the incoming model, which a refit's first steps "
+                     "always lose to). The refit was fixed (patience from the first check, as LIFT's) and the gate "
+                     "ran again before any method unit.")
     return lines
 
 
@@ -396,12 +457,14 @@ def report(records: list[dict], out_dir: Path) -> str:
              "the official code, with every departure: `algos/lift/README.md`. Schedule (declared in "
              "`benchmarks/study/lift_official.py`): 1000-step prefill, 6 epochs of 500 real steps, H 1 -> 20 over 10 "
              "epochs (LIFT's), HUPT 10 -> 100 over 4 epochs (LIFT's x0.1): LIFT does 0.4 -> 4 SAC steps per real "
-             "step; 10 deterministic evaluation episodes per epoch. Supersedes the first Walker2d study (issue 23, "
-             "below), whose loop was a second copy.", "", *start_lines(recs), "", *gate_lines(recs), ""]
+             "step; LIFT's finetuning coefficients except the two the start-model check traced a dip to (the pretrained "
+             "temperature is kept, tau 0.005; below); 10 deterministic evaluation episodes per epoch. Supersedes the first Walker2d study (issue 23, "
+             "below), whose loop was a second copy.", "", *start_lines(recs), "", *gate_lines(recs), "",
+             *superseded_lines(out_dir), ""]
     reported = [r for r in records if r["role"] == "report"]
     if not reported:
         refusal = ("the start model does not hold: no method unit runs on it"
-                   if "check-start-seeds" in recs and not recs["check-start-seeds"]["metrics"]["holds"]
+                   if "check-start-coefs" in recs and not recs["check-start-coefs"]["metrics"]["holds"]
                    else "none has run yet")
         lines.append(f"Method units: {refusal}.")
         return "\n".join(lines) + "\n"
