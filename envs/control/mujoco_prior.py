@@ -251,10 +251,11 @@ class MujocoPrior:
                 damping = torch.as_tensor(self._damping_diag, dtype=dtype, device=qpos.device)
                 minv_h = q.new_empty(q.shape[0], self.nv, self.nv)
                 force = q.new_empty(q.shape[0], self.nv)
-                # in chunks of ~8 MB of M: the temporaries of a whole large batch (~100 MB for a humanoid at 4096 in
-                # fp64) would be returned to the OS after each call and page-faulted in again on the next, which
-                # cost more than the extra calls (benchmarks/RESULTS.md "Physics prior")
-                step = _chunk_rows(self.nv, q.element_size())
+                # on a CPU in chunks of ~8 MB of M: the temporaries of a whole large batch (~100 MB for a humanoid at
+                # 4096 in fp64) would be returned to the OS after each call and page-faulted in again on the next,
+                # which cost more than the extra calls (benchmarks/RESULTS.md "Physics prior"); an accelerator takes
+                # the whole batch (its caching allocator keeps memory, and it wants few large kernels)
+                step = _chunk_rows(self.nv, q.element_size()) if q.device.type == "cpu" else max(1, q.shape[0])
                 for start in range(0, q.shape[0], step):
                     rows = slice(start, start + step)
                     mass, bias, passive, actuator = self.dynamics.terms(q[rows], v[rows], a[rows])
