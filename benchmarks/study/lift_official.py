@@ -414,6 +414,24 @@ def method_lines(records: list[dict], change: str) -> list[str]:
     return lines
 
 
+def model_error_lines(records: list[dict], change: str) -> list[str]:
+    """LIFT's refit model against the frozen stage-2 model on each epoch's fresh real data (mean over seeds)."""
+    runs = [r["curves"] for r in records if r["role"] == "report" and r["method"] == "lift"
+            and r["setting"]["change"] == change]
+    if not runs:
+        return []
+    epochs = sorted({int(e) for c in runs for e in c["epoch"] if e is not None and e >= 0})
+    cells = []
+    for e in epochs:
+        pairs = [(c["wm_heldout_1step"][c["epoch"].index(e)], c["wm_stage2_heldout_1step"][c["epoch"].index(e)])
+                 for c in runs if e in c["epoch"]]
+        pairs = [(a, b) for a, b in pairs if a is not None and b is not None]
+        if pairs:
+            cells.append(f"{e}: {np.mean([a for a, _ in pairs]):.4f} / {np.mean([b for _, b in pairs]):.4f}")
+    return [f"LIFT's model, 1-step error on each epoch's fresh real data, refit / frozen stage 2 (mean over "
+            f"{len(runs)} seeds), by epoch: " + "; ".join(cells) + ".", ""]
+
+
 def paired_lines(records: list[dict], change: str) -> tuple[list[str], dict[str, dict[str, tuple]]]:
     from benchmarks.lift_finetune_stats import by_seed, fmt_interval, paired_seeds, verdict
     keys = [("return_at.4000", "{:+.0f}", False), ("real_steps_to_recover_censored", "{:+.0f}", True),
@@ -449,6 +467,62 @@ def reading(change: str, effects: dict[str, dict[str, tuple]]) -> str:
     return f"{change}: LIFT " + "; ".join(parts) + "."
 
 
+def plot(records: list[dict], gates: dict[str, dict], out: Path) -> Path | None:
+    """Per change: deterministic return vs real steps (mean and 95 % t-band over seeds) of every method with the
+    pre-change and 80 % lines; last panel: LIFT's refit vs frozen model error per epoch."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from benchmarks.lift_finetune_stats import t_interval
+    changes = [c for c in CHANGES if any(r["role"] == "report" and r["setting"]["change"] == c for r in records)]
+    if not changes:
+        return None
+    fig, axes = plt.subplots(1, len(changes) + 1, figsize=(5 * (len(changes) + 1), 4))
+    for ax, change in zip(axes, changes):
+        for i, m in enumerate(METHODS + APPENDIX_METHODS):
+            runs = [r["curves"] for r in records if r["role"] == "report" and r["method"] == m
+                    and r["setting"]["change"] == change]
+            if not runs:
+                continue
+            n = min(len(c["eval_return"]) for c in runs)
+            steps = runs[0]["real_steps"][:n]
+            band = np.array([t_interval([c["eval_return"][k] for c in runs]) for k in range(n)])
+            ax.plot(steps, band[:, 0], marker="o", ms=2, color=f"C{i}", label=f"{m} ({len(runs)})")
+            if len(runs) > 1:
+                ax.fill_between(steps, band[:, 1], band[:, 2], color=f"C{i}", alpha=0.12)
+        g = gates.get(change)
+        if g:
+            pre, zero = g["metrics"]["pre_change_return"], g["metrics"]["zero_shot_return"]
+            ax.axhline(pre, color="k", ls="--", lw=1, label="pre-change")
+            ax.axhline(zero + 0.8 * (pre - zero), color="k", ls="-.", lw=0.7, label="80 % recovery")
+            ax.set_title(g["chosen"]["label"], fontsize=9)
+        ax.set(xlabel="real env steps (prefill included)", ylabel="deterministic eval return")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=6)
+    ax = axes[-1]
+    for j, change in enumerate(changes):
+        runs = [r["curves"] for r in records if r["role"] == "report" and r["method"] == "lift"
+                and r["setting"]["change"] == change]
+        for key, ls in (("wm_heldout_1step", "-"), ("wm_stage2_heldout_1step", ":")):
+            points = {}
+            for c in runs:
+                for e, v in zip(c["epoch"], c[key]):
+                    if v is not None and e is not None and e >= 0:
+                        points.setdefault(int(e), []).append(v)
+            if points:
+                ax.plot(sorted(points), [np.mean(points[e]) for e in sorted(points)], ls=ls, color=f"C{j}",
+                        label=f"{change}: {'refit' if key == 'wm_heldout_1step' else 'frozen'}")
+    ax.set(xlabel="epoch", ylabel="1-step error on the epoch's fresh real data", title="LIFT's model")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=6)
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=80)
+    plt.close(fig)
+    return out
+
+
 def report(records: list[dict], out_dir: Path) -> str:
     recs = _by_name(records)
     lines = ["## LIFT finetuning as its authors run it (issue 36)", "",
@@ -468,13 +542,18 @@ def report(records: list[dict], out_dir: Path) -> str:
                    else "none has run yet")
         lines.append(f"Method units: {refusal}.")
         return "\n".join(lines) + "\n"
+    gates = {c: recs[f"gate-{c}"] for c in CHANGES if f"gate-{c}" in recs}
+    figure = plot(records, gates, out_dir / "lift_official.png")
+    if figure is not None:
+        lines += [f"Plot: `benchmarks/results/lift_official/{figure.name}` (return vs real steps per change; LIFT's "
+                  "model error, refit vs frozen, per epoch).", ""]
     for c in CHANGES:
         if not any(r["setting"]["change"] == c for r in reported):
             continue
         label = recs[f"gate-{c}"]["chosen"]["label"] if f"gate-{c}" in recs else c
         pl, effects = paired_lines(records, c)
         lines += [f"**{label}** (mean [95 % t-interval] over seeds; never-recovered runs count 4000)", "",
-                  *method_lines(records, c), "", *pl, "", reading(label, effects), ""]
+                  *method_lines(records, c), "", *model_error_lines(records, c), *pl, "", reading(label, effects), ""]
     return "\n".join(lines) + "\n"
 
 
