@@ -146,12 +146,12 @@ def _registered_update(run: Path) -> int:
 
 
 @pytest.mark.slow
-def test_attnrl_on_two_learner_ranks_killed_and_resumed_ends_as_uninterrupted(tmp_path, pool_name):
+def test_attnrl_on_two_learner_ranks_killed_and_resumed_ends_as_uninterrupted(tmp_path, module_pool_name):
     """The learner on 2 Ray Train workers (DDP): both ranks keep identical parameters. The same run with its driver
     SIGKILLed after its checkpoint of update 2 and resumed (resume=true) replays up to that checkpoint and ends
     exactly as the uninterrupted run: the same metric rows, once each, the same calls, the same final weights."""
     from experiments.run import main
-    pool = pool_name
+    pool = module_pool_name  # one pool for the module's runs (conftest)
     gcs = ray.get_runtime_context().gcs_address
     summary = main(_args(tmp_path, pool, "ref"))
     ref_updates, ref_calls, ref_digest = _check_run(tmp_path / "attnrl" / "ref", summary,
@@ -187,12 +187,12 @@ def test_attnrl_on_two_learner_ranks_killed_and_resumed_ends_as_uninterrupted(tm
 
 
 @pytest.mark.slow
-def test_tiny_hf_model_through_sft_and_an_rl_update_on_the_pool(tmp_path, pool_name):
+def test_tiny_hf_model_through_sft_and_an_rl_update_on_the_pool(tmp_path, module_pool_name):
     """A 2-layer Qwen2 with a character tokenizer, built here: SFT, one AttnRL update (the learner's passes in
     chunks of 64 tokens) with rollouts (and FCI) from the pool's samplers loading the same local model, evaluation."""
     from experiments.run import main
     model_dir = write_tiny_qwen2(tmp_path / "qwen2")
-    pool = pool_name
+    pool = module_pool_name  # one pool for the module's runs (conftest)
     summary = main(["experiment=attnrl", f"output_dir={tmp_path}", "run_name=hf", f"pool.name={pool}",
                     f"experiment.hf_model={model_dir}", "experiment.methods=[]", "experiment.method=attnrl",
                     "experiment.task.max_steps=2", "experiment.sft.max_steps=3", "experiment.sft.eval_every=3",
