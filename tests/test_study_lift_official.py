@@ -72,23 +72,19 @@ def test_gates_and_a_method_unit_run_the_learner_loop_and_refuse_without_room(ti
     root, _ = tiny_start
     check = run_unit_inline(study.STUDY, "check-start", root, overrides=UNITS)
     m = check["metrics"]
+    assert set(m["kept_by_seed"]) == {"107", "108", "109"}
     assert m["control_real_steps"] == 100 and m["control_sac_steps"] > 0  # 1 epoch, no prefill, matched SAC steps
-    assert m["holds"] == (m["spread"] <= 0.15 and m["control_kept"] >= 0.9)
+    assert m["holds"] == (m["spread"] <= 0.15 and m["mean_kept"] >= 0.9)
     gate = run_unit_inline(study.STUDY, "gate-friction", root, overrides=UNITS)
     assert gate["chosen"]["env"]["friction"]["scale"] in (0.1, 0.05)
     room = run_unit_inline(study.STUDY, "room-friction", root, overrides=UNITS)
     curves = room["run"]["curves"]
     assert curves["epoch"] == [-1, 0, 1] and curves["real_steps"] == [0, 200, 300]  # prefill 100 + 2 x 100
     assert all(v is not None for v in curves["wm_heldout_1step"][1:] + curves["wm_stage2_heldout_1step"][1:])
-    assert room["metrics"]["passed"] == (curves["wm_heldout_1step"][2] <= curves["wm_stage2_heldout_1step"][2])
+    assert room["metrics"]["passed"] == (curves["wm_heldout_1step"][2]
+                                         <= curves["wm_stage2_heldout_1step"][2] * (1 + 1e-6))
     out = root / "lift_official"
-    more = run_unit_inline(study.STUDY, "check-start-seeds", root, overrides=UNITS)
-    assert set(more["metrics"]["kept_by_seed"]) == {"100", "102", "103"}
-    assert more["metrics"]["holds"] == (m["spread"] <= 0.15 and more["metrics"]["mean_kept"] >= 0.9)
-    coefs = run_unit_inline(study.STUDY, "check-start-coefs", root, overrides=UNITS)
-    assert set(coefs["metrics"]["kept_by_seed"]) == {"104", "105", "106"}
-    assert coefs["metrics"]["coefficients"] == {"load_alpha": True, "sac": {"tau": 0.005}}
-    for name, key, value in (("check-start-coefs", "holds", True), ("room-friction", "passed", False)):
+    for name, key, value in (("check-start", "holds", True), ("room-friction", "passed", False)):
         path = out / f"{name}.json"  # this test's own tiny records: force each verdict in turn
         rec = json.loads(path.read_text())
         rec["metrics"][key] = value
@@ -107,3 +103,30 @@ def test_gates_and_a_method_unit_run_the_learner_loop_and_refuse_without_room(ti
     assert all(v is None for v in frozen["curves"]["wm_train_steps"])  # never refitted
     # the frozen model is the stage-2 model: its held-out error is the frozen column's, epoch by epoch
     assert frozen["curves"]["wm_heldout_1step"][1:] == frozen["curves"]["wm_stage2_heldout_1step"][1:]
+
+
+def test_a_finished_start_model_becomes_a_checkpoint_that_runs_on(tiny_start, tmp_path):
+    """resume_from_start_model: the agent and counters of the finished stage, a raised target, the stage's outputs
+    gone; the stage then resumes from it (no restart from 0) and reaches the new target."""
+    import shutil
+
+    import torch
+    root, record = tiny_start
+    results = tmp_path / "results"
+    shutil.copytree(root / "lift_official" / "artifacts", results / "lift_official" / "artifacts")
+    art = results / "lift_official" / "artifacts"
+    agent = torch.load(art / "pretrain" / "agent.pt", weights_only=True)
+    steps = record["metrics"]["env_steps"]
+    study.resume_from_start_model(art, steps + 160, "test")
+    assert not (art / "pretrain" / "agent.pt").exists() and not list((art / "stage2").glob("*.pt"))
+    ckpt = torch.load(art / "pretrain" / "checkpoint.pt", weights_only=False)
+    assert ckpt["state"]["env_steps"] == steps
+    assert torch.equal(ckpt["agent"]["actor"][next(iter(ckpt["agent"]["actor"]))],
+                       agent["actor"][next(iter(agent["actor"]))])
+    again = None
+    for _ in range(4):
+        again = run_unit_inline(study.STUDY, "pretrain", results, overrides={**TINY, "pretrain_cap": steps + 160})
+        if again is not None:
+            break
+    assert again is not None and again["metrics"]["env_steps"] == steps + 160
+    assert again["metrics"]["replay_refills"] == 1  # the replay did not travel: refilled once, and recorded
