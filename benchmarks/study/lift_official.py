@@ -343,12 +343,13 @@ def superseded_lines(out_dir: Path) -> list[str]:
         lines.append(f"- check-start, one control seed (LIFT's coefficients): kept {c['control_kept']:.0%}.")
     if "check-start-seeds" in old:
         c = old["check-start-seeds"]["metrics"]
-        lines.append(f"- the control on two more seeds: " + ", ".join(f"{v:.0%}" for v in c["kept_by_seed"].values())
+        lines.append("- the control on seeds " + ", ".join(c["kept_by_seed"]) + ": "
+                     + ", ".join(f"{v:.0%}" for v in c["kept_by_seed"].values())
                      + f", mean {c['mean_kept']:.1%}.")
     if "check-start-coefs" in old:
         c = old["check-start-coefs"]["metrics"]
         lines.append("- with the pretrained temperature and tau 0.005 (a diagnostic seed had pointed at LIFT's "
-                     "coefficients) on three more seeds: " + ", ".join(f"{v:.0%}" for v in c["kept_by_seed"].values())
+                     "coefficients) on seeds " + ", ".join(c["kept_by_seed"]) + ": " + ", ".join(f"{v:.0%}" for v in c["kept_by_seed"].values())
                      + f", mean {c['mean_kept']:.1%}: not the coefficients; the study kept LIFT's.")
     if "room-friction" in old:
         m = old["room-friction"]["metrics"]
@@ -356,7 +357,7 @@ def superseded_lines(out_dir: Path) -> list[str]:
                      "at epoch 2; every refit had kept the stage-2 model (its patience counted from the incoming "
                      "model, which a fresh Adam's first steps always lose to). The refit now counts its patience "
                      "from its first check, as LIFT's.")
-    lines.append("- the remedy the issue names, more pretraining: the 200k run resumed from its last checkpoint to "
+    lines.append("- the remedy the issue names, more pretraining: the 200k agent resumed to "
                  f"{PRETRAIN_CAP // 1000}k (its replay refilled by the policy: it had gone with its machine).")
     return lines + [""]
 
