@@ -287,6 +287,26 @@ def study_curves(records: list[dict], change: str, method: str) -> tuple[np.ndar
     return per_seed[0][0][:n], np.stack([v[:n] for _, v in per_seed])
 
 
+def band_plot(ax, steps, values: np.ndarray, color: str, label: str) -> None:
+    """Mean return over seeds (rows of ``values``) with its 95 % t-band."""
+    band = np.array([t_interval(list(col)) for col in np.asarray(values, dtype=float).T])
+    ax.plot(steps, band[:, 0], marker="o", ms=2, color=color, label=f"{label} ({len(values)})")
+    if len(values) > 1:
+        ax.fill_between(steps, band[:, 1], band[:, 2], color=color, alpha=0.12)
+
+
+def recovery_panel(ax, gate: dict | None, xlabel: str) -> None:
+    """A return-vs-real-steps panel's pre-change and 80 %-recovery lines (from the change's gate record) and axes."""
+    if gate:
+        pre, zero = gate["metrics"]["pre_change_return"], gate["metrics"]["zero_shot_return"]
+        ax.axhline(pre, color="k", ls="--", lw=1, label="pre-change")
+        ax.axhline(zero + 0.8 * (pre - zero), color="k", ls="-.", lw=0.7, label="80 % recovery")
+        ax.set_title(gate["chosen"]["label"], fontsize=9)
+    ax.set(xlabel=xlabel, ylabel="deterministic eval return")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=6)
+
+
 def study_plot(records: list[dict], gates: dict[str, dict], changes: list[str], out: Path) -> None:
     """Per change: return vs real steps (mean and 95 % t-band over seeds) of the main methods, the pre-change and 80 %
     lines; last panel: falls per 1000 real steps per method and change (dots: seeds)."""
@@ -300,20 +320,8 @@ def study_plot(records: list[dict], gates: dict[str, dict], changes: list[str], 
             c = study_curves(records, change, m)
             if c is None:
                 continue
-            steps, values = c
-            band = np.array([t_interval(list(col)) for col in values.T])
-            ax.plot(steps, band[:, 0], marker="o", ms=2, color=colors[m], label=f"{m} ({len(values)})")
-            if len(values) > 1:
-                ax.fill_between(steps, band[:, 1], band[:, 2], color=colors[m], alpha=0.12)
-        g = gates.get(change)
-        if g:
-            pre, zero = g["metrics"]["pre_change_return"], g["metrics"]["zero_shot_return"]
-            ax.axhline(pre, color="k", ls="--", lw=1, label="pre-change")
-            ax.axhline(zero + 0.8 * (pre - zero), color="k", ls="-.", lw=0.7, label="80 % recovery")
-            ax.set_title(g["chosen"]["label"], fontsize=9)
-        ax.set(xlabel="real env steps", ylabel="deterministic eval return")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=6)
+            band_plot(ax, c[0], c[1], colors[m], m)
+        recovery_panel(ax, gates.get(change), "real env steps")
     ax = axes[-1]
     width = 0.8 / max(len(changes), 1)
     for j, change in enumerate(changes):

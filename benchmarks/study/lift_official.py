@@ -458,7 +458,7 @@ def plot(records: list[dict], gates: dict[str, dict], out: Path) -> Path | None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from benchmarks.lift_finetune_stats import t_interval
+    from benchmarks.lift_finetune_stats import band_plot, recovery_panel
     changes = [c for c in CHANGES if any(r["role"] == "report" and r["setting"]["change"] == c for r in records)]
     if not changes:
         return None
@@ -470,20 +470,8 @@ def plot(records: list[dict], gates: dict[str, dict], out: Path) -> Path | None:
             if not runs:
                 continue
             n = min(len(c["eval_return"]) for c in runs)
-            steps = runs[0]["real_steps"][:n]
-            band = np.array([t_interval([c["eval_return"][k] for c in runs]) for k in range(n)])
-            ax.plot(steps, band[:, 0], marker="o", ms=2, color=f"C{i}", label=f"{m} ({len(runs)})")
-            if len(runs) > 1:
-                ax.fill_between(steps, band[:, 1], band[:, 2], color=f"C{i}", alpha=0.12)
-        g = gates.get(change)
-        if g:
-            pre, zero = g["metrics"]["pre_change_return"], g["metrics"]["zero_shot_return"]
-            ax.axhline(pre, color="k", ls="--", lw=1, label="pre-change")
-            ax.axhline(zero + 0.8 * (pre - zero), color="k", ls="-.", lw=0.7, label="80 % recovery")
-            ax.set_title(g["chosen"]["label"], fontsize=9)
-        ax.set(xlabel="real env steps (prefill included)", ylabel="deterministic eval return")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=6)
+            band_plot(ax, runs[0]["real_steps"][:n], np.array([c["eval_return"][:n] for c in runs]), f"C{i}", m)
+        recovery_panel(ax, gates.get(change), "real env steps (prefill included)")
     ax = axes[-1]
     for j, change in enumerate(changes):
         runs = [r["curves"] for r in records if r["role"] == "report" and r["method"] == "lift"
