@@ -11,6 +11,16 @@ numpy and transformers (torch's index installs torch and what it needs; the pack
 The environment is rebuilt only when ``pyproject.toml``, the constraints or the torch choice change (a stamp file
 records them). Packages go in with uv when uv can be installed (the same pinned
 versions from the same sources pip is configured with, ~30 s instead of ~90 s on a 2-core machine), else with pip.
+
+Another Python: the interpreter that runs this module is the venv's, and ``ORRERY_VENV`` names the folder (relative to
+the repo root, default ``.venv``), so other versions get their own environment beside CI's, e.g.
+
+    ORRERY_VENV=.venv312 python3.12 -m experiments.venv    # what .ci/run-py312 does, then the fast tier
+
+A venv made by another Python version is refused, not rebuilt over. The CPU pin ``torch==2.13.0`` is the local
+``+cpu`` build only for CPython 3.11 (``/opt/wheels``); for 3.12 and 3.13 it resolves to PyPI's ``torch==2.13.0``, the
+CUDA 13 build with its ~3 GB of CUDA libraries, which runs on a CPU like the CPU build (where the PyTorch index is
+reachable, ``ORRERY_TORCH_INDEX=https://download.pytorch.org/whl/cpu`` gets the small CPU build instead).
 """
 from __future__ import annotations
 
@@ -24,7 +34,8 @@ from pathlib import Path
 from typing import Callable
 
 ROOT = Path(__file__).resolve().parents[1]
-VENV = ROOT / ".venv"
+# The folder of the environment; CI's is .venv, another Python's goes beside it (ORRERY_VENV=.venv312)
+VENV = ROOT / os.environ.get("ORRERY_VENV", ".venv")
 STAMP = VENV / ".orrery-stamp"
 CONSTRAINTS = ROOT / "constraints-cpu.txt"
 CPU_TORCH = "torch==2.13.0"
@@ -107,9 +118,26 @@ def _constraints_file(torch_req: str, index: str) -> Path:
     return path
 
 
+def venv_python_version(venv_dir: Path) -> str | None:
+    """The ``major.minor`` of the Python a venv was made with (its ``pyvenv.cfg``), None where there is none."""
+    cfg = venv_dir / "pyvenv.cfg"
+    if not cfg.exists():
+        return None
+    for line in cfg.read_text().splitlines():
+        key, _, value = line.partition("=")
+        if key.strip() in ("version", "version_info"):
+            return ".".join(value.strip().split(".")[:2])
+    return None
+
+
 def ensure_venv() -> Path:
     torch_req = os.environ.get("ORRERY_TORCH", CPU_TORCH)
     index = os.environ.get("ORRERY_TORCH_INDEX", "")
+    made_with, running = venv_python_version(VENV), f"{sys.version_info.major}.{sys.version_info.minor}"
+    if made_with is not None and made_with != running:
+        # installing 3.12 packages into a 3.11 venv would break it; the other version gets its own folder
+        raise SystemExit(f"{VENV} was made with Python {made_with}, this is {running}: set ORRERY_VENV to another "
+                         f"folder (e.g. ORRERY_VENV=.venv{running.replace('.', '')}) or remove {VENV}")
     wanted = _wanted_stamp(torch_req, index)
     if _python().exists() and STAMP.exists() and STAMP.read_text().strip() == wanted:
         return _python()
