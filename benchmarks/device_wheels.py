@@ -22,7 +22,8 @@ Batches: each call may carry ``64 MiB - the working tree - a margin``; the tree 
 cp312 wheel, ~67 MB) is cut into byte-exact parts (``NAME.whl.part00``, ...) that ``cat`` joins again there. The
 sizes of each batch and of the whole call are printed. On the device each call copies its batch into ``/tmp/whl``
 (the machine stays the same while it is warm, 30 s after a call), and the last one joins the parts and installs
-everything into a venv that sees the image's packages (``--system-site-packages``): the commands are printed too.
+everything into a venv that also sees the image's packages (``--install``, see ``install``): the commands are printed
+too.
 """
 from __future__ import annotations
 
@@ -226,21 +227,58 @@ def lay_out(batches: list[list[Piece]], src: Path, out: Path) -> None:
                 (folder / piece.name).write_bytes(f.read(piece.size))
 
 
-# joins, in the current folder, every NAME.part00, NAME.part01, ... back into NAME (the glob sorts the parts in order)
-JOIN_PARTS = "for p in $(ls *.part00 2>/dev/null); do w=${p%.part00}; cat $w.part* > $w && rm $w.part*; done"
+def join_parts(folder: Path) -> list[str]:
+    """Join every ``NAME.part00``, ``NAME.part01``, ... in ``folder`` back into ``NAME`` (parts removed); returns the
+    joined names. Refuses a wheel whose parts are not all there (a call that was not made)."""
+    joined = []
+    for first in sorted(folder.glob("*.part00")):
+        name = first.name.removesuffix(".part00")
+        parts = sorted(folder.glob(f"{name}.part*"))
+        if [q.name for q in parts] != [f"{name}.part{i:02d}" for i in range(len(parts))]:
+            raise SystemExit(f"{name}: parts missing: {[q.name for q in parts]}")
+        with open(folder / name, "wb") as out:
+            for part in parts:
+                out.write(part.read_bytes())
+        for part in parts:
+            part.unlink()
+        joined.append(name)
+    return joined
+
+
+def install(folder: Path, venv_dir: Path) -> Path:
+    """On the device, with its ``python3``: join the parts, make ``venv_dir`` (its own ``bin/ray`` beside its python,
+    as ``cluster.deploy.local`` wants) that also sees the image's site-packages, and install every wheel into it.
+    ``--system-site-packages`` would not do: the image's python3 is itself a venv (/opt/torch/.venv), and a venv made
+    from it gets the base interpreter's site-packages, without the image's torch. A ``.pth`` that calls
+    ``site.addsitedir`` on the image's folders puts them after the venv's own (and runs their ``.pth`` files)."""
+    import site
+    import sysconfig
+    import venv as venv_module
+
+    joined = join_parts(folder)
+    wheels = sorted(folder.glob("*.whl"))
+    print(f"joined {joined}; {len(wheels)} wheels, {sum(w.stat().st_size for w in wheels) / MIB:.1f} MiB", flush=True)
+    venv_module.EnvBuilder(with_pip=True, clear=True).create(venv_dir)
+    python = venv_dir / "bin" / "python"
+    purelib = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                             capture_output=True, text=True, check=True).stdout.strip()
+    image_sites = [p for p in [*site.getsitepackages(), sysconfig.get_paths()["purelib"]] if Path(p).is_dir()]
+    (Path(purelib) / "device-image.pth").write_text(
+        "import site; " + "; ".join(f"site.addsitedir({p!r})" for p in dict.fromkeys(image_sites)) + "\n")
+    subprocess.run([str(python), "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile",
+                    "--disable-pip-version-check", *map(str, wheels)], check=True)
+    return python
 
 
 def device_commands(n_batches: int) -> list[str]:
-    """The command of each device call: copy its batch to /tmp/whl; the last also joins parts and installs."""
+    """The command of each device call: copy its batch to /tmp/whl; the last also installs them into /tmp/orr."""
     calls = []
     for k in range(1, n_batches + 1):
         cmd = f"mkdir -p /tmp/whl && cp .whl/{k}/* /tmp/whl/ && echo batch {k} of {n_batches} copied"
         if k == n_batches:
-            cmd += (f" && (cd /tmp/whl && {JOIN_PARTS})"
-                    " && python3 -m venv --system-site-packages /tmp/orr"
-                    " && /tmp/orr/bin/python -m pip install -q --no-index --no-deps --no-compile /tmp/whl/*.whl"
-                    " && /tmp/orr/bin/python -c 'import ray, mujoco, gymnasium, hydra, rdkit; print(\"ray\","
-                    " ray.__version__, \"mujoco\", mujoco.__version__)'")
+            cmd += (" && python3 -m benchmarks.device_wheels --install /tmp/whl --venv /tmp/orr"
+                    " && /tmp/orr/bin/python -c 'import torch, ray, mujoco, gymnasium, hydra, rdkit;"
+                    " print(\"torch\", torch.__version__, \"ray\", ray.__version__, \"mujoco\", mujoco.__version__)'")
         calls.append(cmd)
     return calls
 
@@ -251,7 +289,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--python-version", default="3.12")
     p.add_argument("--have", type=Path, default=None, help="`pip list --format=freeze` of the device image")
     p.add_argument("--plan-only", action="store_true", help="batch what OUT/all holds; fetch nothing")
+    p.add_argument("--install", type=Path, default=None, metavar="DIR",
+                   help="on the device: join the parts in DIR and install its wheels into --venv")
+    p.add_argument("--venv", type=Path, default=Path("/tmp/orr"), help="the venv --install makes")
     args = p.parse_args(argv)
+    if args.install is not None:
+        print(f"ready: {install(args.install, args.venv)}", flush=True)
+        return 0
     src = args.out / "all"
     if not args.plan_only:
         pins = missing(resolve(args.python_version, ROOT / "constraints-cpu.txt"), image_packages(args.have))

@@ -7,8 +7,7 @@ import subprocess
 
 import pytest
 
-from benchmarks.device_wheels import (IMAGE_PACKAGES, JOIN_PARTS, lay_out, missing, plan_batches, requirements,
-                                      tree_bytes)
+from benchmarks.device_wheels import IMAGE_PACKAGES, join_parts, lay_out, missing, plan_batches, requirements, tree_bytes
 
 
 def test_batches_fit_the_limit_and_hold_every_byte_once():
@@ -35,8 +34,8 @@ def test_small_wheels_share_a_batch_and_no_room_is_refused():
 
 
 def test_parts_join_back_byte_exact_on_the_device_side(tmp_path):
-    """lay_out writes the batches; copying them all into one folder and running the device command's join (bash)
-    gives back the original wheels."""
+    """lay_out writes the batches; copying them all into one folder and joining there (``--install``'s first step)
+    gives back the original wheels; a missing part is refused."""
     src, out, device = tmp_path / "all", tmp_path / "out", tmp_path / "device"
     src.mkdir(), out.mkdir(), device.mkdir()
     rng = random.Random(1)
@@ -50,8 +49,15 @@ def test_parts_join_back_byte_exact_on_the_device_side(tmp_path):
         assert sum(f.stat().st_size for f in folder.iterdir()) <= 1000
         for f in folder.iterdir():
             (device / f.name).write_bytes(f.read_bytes())
-    subprocess.run(["bash", "-c", JOIN_PARTS], cwd=device, check=True)
+    assert join_parts(device) == ["big.whl"]
     assert {p.name: p.read_bytes() for p in device.iterdir()} == files
+    lay_out(batches, src, out)
+    partial = tmp_path / "partial"
+    partial.mkdir()
+    for f in out.glob("*/big.whl.part0[02]"):
+        (partial / f.name).write_bytes(f.read_bytes())
+    with pytest.raises(SystemExit, match="parts missing"):
+        join_parts(partial)
 
 
 def test_only_what_the_image_lacks_is_carried():
