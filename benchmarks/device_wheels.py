@@ -171,10 +171,10 @@ def image_packages(have: Path | None) -> frozenset[str]:
                      if ln.strip() and not ln.startswith("#"))
 
 
-def missing(resolved: dict[str, str], image: frozenset[str]) -> list[str]:
-    """The pins to carry: resolved distributions the image lacks, torch's CUDA stack never."""
+def missing(resolved: dict[str, str], image: frozenset[str], skip: frozenset[str] = NOT_NEEDED) -> list[str]:
+    """The pins to carry: resolved distributions the image lacks, less ``skip``; torch's CUDA stack never."""
     wanted = [f"{n}=={v}" for n, v in sorted(resolved.items())
-              if n not in image and n not in NOT_NEEDED and not CUDA_STACK.match(n)]
+              if n not in image and n not in skip and not CUDA_STACK.match(n)]
     return wanted + [r for r in EXTRA_NO_DEPS if normalize(r.split("==")[0]) not in image]
 
 
@@ -289,6 +289,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--python-version", default="3.12")
     p.add_argument("--have", type=Path, default=None, help="`pip list --format=freeze` of the device image")
     p.add_argument("--plan-only", action="store_true", help="batch what OUT/all holds; fetch nothing")
+    p.add_argument("--all", action="store_true", help="also what gpu_check never imports (pyjaspar: the DNA tasks)")
     p.add_argument("--install", type=Path, default=None, metavar="DIR",
                    help="on the device: join the parts in DIR and install its wheels into --venv")
     p.add_argument("--venv", type=Path, default=Path("/tmp/orr"), help="the venv --install makes")
@@ -298,7 +299,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     src = args.out / "all"
     if not args.plan_only:
-        pins = missing(resolve(args.python_version, ROOT / "constraints-cpu.txt"), image_packages(args.have))
+        pins = missing(resolve(args.python_version, ROOT / "constraints-cpu.txt"), image_packages(args.have),
+                       frozenset() if args.all else NOT_NEEDED)
         print(f"{len(pins)} distributions the image lacks: {' '.join(pins)}", flush=True)
         download(pins, src, args.python_version)
     sizes = {w.name: w.stat().st_size for w in sorted(src.glob("*.whl"))}
