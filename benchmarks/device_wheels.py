@@ -13,13 +13,13 @@ What is fetched: the resolution, for CPython 3.12 on manylinux x86-64, of pyproj
 out: the image's CUDA build stays) under ``constraints-cpu.txt``'s pins, plus ``molsets`` (no dependencies, as
 ``experiments/venv.py`` installs it), minus every distribution the image already has (``IMAGE_PACKAGES``, or a
 ``pip list --format=freeze`` read there, given with ``--have``), minus torch's CUDA stack and minus ``NOT_NEEDED``
-(pyjaspar). The resolve and the
-downloads need PyPI (reachable here): this machine's local indexes (/opt/pypi*) hold cp311 and pure-Python wheels only.
-A second run finds the wheels already in ``.whl/all`` and fetches nothing.
+(pyjaspar; ``--all`` keeps it). The resolve and the downloads need PyPI (reachable here): this machine's local indexes
+(/opt/pypi*) hold cp311 and pure-Python wheels only, no cp312 one. A second run downloads only what ``.whl/all`` lacks;
+``--plan-only`` works offline.
 
 Batches: each call may carry ``64 MiB - the working tree - a margin``; the tree is measured (``git ls-files -co
 --exclude-standard``). Wheels are packed largest first into the fewest batches; a wheel bigger than one batch (Ray's
-cp312 wheel, ~67 MB) is cut into byte-exact parts (``NAME.whl.part00``, ...) that ``cat`` joins again there. The
+cp312 wheel, 75.6 MiB) is cut into byte-exact parts (``NAME.whl.part00``, ...) that ``--install`` joins again there. The
 sizes of each batch and of the whole call are printed. On the device each call copies its batch into ``/tmp/whl``
 (the machine stays the same while it is warm, 30 s after a call), and the last one joins the parts and installs
 everything into a venv that also sees the image's packages (``--install``, see ``install``): the commands are printed
