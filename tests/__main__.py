@@ -1,9 +1,9 @@
 """The whole suite on both cores: ``.venv/bin/python -m tests`` (what CI runs, through ``.ci/run``).
 
 Most tests keep one core busy, so the suite runs as two pytest processes side by side (markers from conftest.py):
-the tests on the embedded session Ray cluster (``-m "cluster and not nodes"``), and all the others, unit and learning
-tests and those that start their own ``ray start`` nodes (``-m "not cluster or nodes"``). The two selections are
-complements, so together they are exactly ``pytest tests``; both must pass. With arguments, ``python -m tests ARGS``
+the tests on the embedded session Ray cluster (``-m "cluster and not nodes"``) with a few CPU-bound modules that
+balance the two (``first_lane``, tests/conftest.py), and all the others, unit and learning tests and those that start
+their own ``ray start`` nodes. The two selections are complements, so together they are exactly ``pytest tests``; both must pass. With arguments, ``python -m tests ARGS``
 is one plain ``pytest ARGS`` (e.g. ``-m "not slow"``, the fast tier). Keep ``.cache/`` between runs to skip training
 the tiny AttnRL SFT model.
 """
@@ -16,8 +16,9 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-LANES = (("the tests on the session cluster", "cluster and not nodes"),
-         ("all other tests", "not cluster or nodes"))
+FIRST = "(cluster and not nodes) or first_lane"
+LANES = (("the tests on the session cluster (and first_lane)", FIRST),
+         ("all other tests", f"not ({FIRST})"))
 
 
 def main(argv: list[str]) -> int:

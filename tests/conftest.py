@@ -44,6 +44,14 @@ except ImportError:  # pragma: no cover
 CLUSTER_FIXTURES = frozenset({"ray_cluster", "pool_factory", "pool_name", "module_pool_name", "local_nodes"})
 # A test that uses one of these trains a model first (unless cached): `slow`.
 TRAINING_FIXTURES = frozenset({"sft_policy"})
+# CPU-bound modules that need no cluster but run in the session cluster's pytest process (``first_lane``), so that
+# the two processes of ``python -m tests`` end at about the same time (the cluster tests wait on Ray much of theirs).
+FIRST_LANE_MODULES = frozenset({"test_study_lift", "test_study_lift_official", "test_lift_config_keys"})
+
+
+def pytest_configure(config):
+    # registered here, not in pyproject.toml: pyproject's bytes are part of the venv's stamp (experiments/venv.py)
+    config.addinivalue_line("markers", "first_lane: runs beside the session-cluster tests in `python -m tests`")
 
 
 def pytest_collection_modifyitems(config, items):
@@ -55,6 +63,8 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.nodes)
         if (CLUSTER_FIXTURES | TRAINING_FIXTURES) & fixtures:
             item.add_marker(pytest.mark.slow)
+        if item.module.__name__.rsplit(".", 1)[-1] in FIRST_LANE_MODULES:
+            item.add_marker(pytest.mark.first_lane)
 
 
 # -- the embedded cluster ------------------------------------------------------------------------------------------
