@@ -14,14 +14,19 @@ Methods (``experiment.method``; ``experiment.methods`` runs several one after an
   lift_stochastic       LIFT collecting its real data with stochastic actions (isolates deterministic collection)
   lift_prior_only       LIFT's model without the residual force (the rigid-body prior only; no contacts)
   lift_residual_only    LIFT's model without the prior (M = I, no bias forces: the residual is the acceleration)
+  lift_frozen_model     LIFT with the stage-2 model never refitted (does the refit carry the gain?)
+  sac_deterministic     no model, deterministic real actions, LIFT's SAC steps per epoch (the 2x2's fourth cell)
 
 Stage 2 (learner, once per world-model kind, cached in the pretraining run's wm/): fit the model on the pretraining
 Parquet replay (the simulator's ``ctrl`` is the model's action) with early stopping.
-Stage 3, per epoch e, in the order of LIFT's ``finetune_wm_ac.py`` (after a prefill of the real buffer):
-  1. retrain the model on all real data of the changed env (early stopping, warm start, scalers refit);
-  2. collect ``real_steps_per_epoch`` real steps through the pool with the deterministic policy;
+Stage 3, per epoch e, in the order of LIFT's ``finetune_wm_ac.py`` (after a prefill of the real and model buffers;
+the table beside the official code, with every departure: ``algos/lift/README.md``):
+  1. retrain the model on all real data of the changed env (random 20 % hold-out, early stopping on its mean squared
+     error, warm start, scalers refit);
+  2. collect ``real_steps_per_epoch`` real steps through the pool with the deterministic policy, into the real buffer
+     and the model buffer (LIFT's SAC buffer, sized HUPT(e)·rollout_batch·H(e) whenever H changes);
   3. HUPT(e) x {``rollout_batch`` start states from the real buffer -> H(e)-step model rollouts with the stochastic
-     policy, the actor seeing the model's std as observation noise -> the epoch's model buffer;
+     policy, the actor seeing the model's std as observation noise -> the model buffer;
      ``updates_per_rollout`` SAC steps on batches with ``real_ratio`` real data};
   4. deterministic evaluation in the changed env (pool), metrics, checkpoint.
 Actor, critics, targets, normalizer and Adam states come from pretraining (``agent.pt``); the temperature is reset
