@@ -327,11 +327,11 @@ def finetune(method: str, change: dict, exp: Any, seed: int, agent_path: Path, s
     import dataclasses
     import shutil
 
-    from algos.lift.finetune import steps_to_recover
     from cluster.metrics import read_metrics
-    from experiments.lift.finetune import method_rows
+    from experiments.lift.finetune import method_rows, summarise
+    from experiments.lift.finetune_config import METHOD_SPECS
     from experiments.lift.finetune_learner import run_one_rank
-    if stage2_path is None and exp_needs_model(method):
+    if stage2_path is None and METHOD_SPECS[method].model is not None:
         raise ValueError(f"{method} needs a stage-2 world model")
     started = time.perf_counter()
     shutil.rmtree(run_path, ignore_errors=True)  # a unit starts afresh: a killed attempt's rows would double count
@@ -341,7 +341,9 @@ def finetune(method: str, change: dict, exp: Any, seed: int, agent_path: Path, s
               "stage2": str(stage2_path) if stage2_path else None, "pre_change_return": pre_change,
               "zero_shot_return": zero_shot}
     run_one_rank(config)
-    rows = method_rows(read_metrics(run_path), method)
+    df = read_metrics(run_path)
+    summary = summarise(df, [method], pre_change, zero_shot)[method]  # the driver's own summary of the same rows
+    rows = method_rows(df, method)
     ev = rows.dropna(subset=["eval_return"])
     steps, returns = ev["real_env_steps"].to_numpy().astype(int), ev["eval_return"].to_numpy().astype(float)
     trained = ev[ev["epoch"] >= 0]
@@ -349,10 +351,7 @@ def finetune(method: str, change: dict, exp: Any, seed: int, agent_path: Path, s
     def column(name: str) -> list:
         return [_jsonable(v) if v == v else None for v in ev[name]] if name in ev else [None] * len(ev)
 
-    recover = steps_to_recover(steps, returns, pre_change, zero_shot)
-    budget = int(steps.max()) if len(steps) else 0
-    real_steps = budget
-    falls = int(ev["falls_total"].max()) if len(ev) else 0
+    recover, real_steps = summary["real_steps_to_recover"], summary["real_steps"]
     heldout = [v for v in column("wm_heldout_error_1step") if v is not None]
     curves = {"real_steps": steps.tolist(), "eval_return": returns.tolist(), "epoch": column("epoch"),
               "falls_total": column("falls_total"), "sac_steps": (ev["updates"] - ev["updates"].iloc[0]).tolist(),
@@ -363,24 +362,19 @@ def finetune(method: str, change: dict, exp: Any, seed: int, agent_path: Path, s
               "wm_train_steps": column("wm_steps"), "wm_kept_incoming": column("wm_kept_incoming"),
               "model_transitions": column("model_transitions"), "model_buffer": column("model_buffer"),
               "horizon": column("horizon"), "hupt": column("hupt")}
-    last = rows.iloc[-1]
     metrics = {
         "real_steps_to_recover": recover,
         "recovered": recover is not None,
-        "real_steps_to_recover_censored": float(recover if recover is not None else budget),
+        "real_steps_to_recover_censored": float(recover if recover is not None else real_steps),
         "return_at": {str(s): float(returns[steps == s][0]) for s in fixed_steps if (steps == s).any()},
-        "final_return": float(trained["eval_return"].iloc[-1]) if len(trained) else None,
-        "best_return": float(trained["eval_return"].max()) if len(trained) else None,
+        **{k: summary[k] for k in ("final_return", "best_return", "falls", "max_joint_excursion", "max_joint_speed",
+                                   "max_torso_tilt", "real_steps")},
+        "falls_per_1000": summary["falls_per_1000"] or 0.0,
         "mean_return": float(trained["eval_return"].mean()) if len(trained) else None,
-        "falls": falls,
-        "falls_per_1000": 1000.0 * falls / max(real_steps, 1),
         "episodes": int(rows["episodes"].sum()) if "episodes" in rows else None,
-        **{f"max_{k}": _jsonable(last.get(f"max_{k}_total")) for k in ("joint_excursion", "joint_speed",
-                                                                       "torso_tilt")},
         "action_rate": _jsonable(float(np.nanmean(trained["action_rate"]))) if "action_rate" in trained else None,
-        "real_steps": real_steps,
-        "stochastic_requests": _jsonable(last.get("stochastic_requests")),
-        "sac_steps": int(rows["updates"].max() - rows["updates"].min()),
+        "stochastic_requests": _jsonable(rows.iloc[-1].get("stochastic_requests")),
+        "sac_steps": summary["sac_updates"],
         "wm_heldout_1step_mean": float(np.mean(heldout)) if heldout else None,
         "wm_heldout_1step_final": heldout[-1] if heldout else None,
         "pre_change_return": pre_change,
@@ -388,11 +382,6 @@ def finetune(method: str, change: dict, exp: Any, seed: int, agent_path: Path, s
         "loop_wall_s": time.perf_counter() - started,
     }
     return {"metrics": metrics, "curves": curves}
-
-
-def exp_needs_model(method: str) -> bool:
-    from experiments.lift.finetune_config import METHOD_SPECS
-    return METHOD_SPECS[method].model is not None
 
 
 def _jsonable(v: Any) -> Any:

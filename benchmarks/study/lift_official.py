@@ -349,7 +349,8 @@ def superseded_lines(out_dir: Path) -> list[str]:
     if "check-start-coefs" in old:
         c = old["check-start-coefs"]["metrics"]
         lines.append("- with the pretrained temperature and tau 0.005 (a diagnostic seed had pointed at LIFT's "
-                     "coefficients) on seeds " + ", ".join(c["kept_by_seed"]) + ": " + ", ".join(f"{v:.0%}" for v in c["kept_by_seed"].values())
+                     "coefficients) on seeds " + ", ".join(c["kept_by_seed"]) + ": "
+                     + ", ".join(f"{v:.0%}" for v in c["kept_by_seed"].values())
                      + f", mean {c['mean_kept']:.1%}: not the coefficients; the study kept LIFT's.")
     if "room-friction" in old:
         m = old["room-friction"]["metrics"]
@@ -507,7 +508,8 @@ def report(records: list[dict], out_dir: Path) -> str:
              "the official code, with every departure: `algos/lift/README.md`. Schedule (declared in "
              "`benchmarks/study/lift_official.py`): 1000-step prefill, 6 epochs of 500 real steps, H 1 -> 20 over 10 "
              "epochs (LIFT's), HUPT 10 -> 100 over 4 epochs (LIFT's x0.1): LIFT does 0.4 -> 4 SAC steps per real "
-             "step; LIFT's finetuning coefficients; 10 deterministic evaluation episodes per epoch. Supersedes the first Walker2d study (issue 23, "
+             "step; LIFT's finetuning coefficients; 10 deterministic evaluation episodes per epoch. Supersedes the "
+             "first Walker2d study (issue 23, "
              "below), whose loop was a second copy.", "", *start_lines(recs), "", *gate_lines(recs), "",
              *superseded_lines(out_dir), ""]
     reported = [r for r in records if r["role"] == "report"]

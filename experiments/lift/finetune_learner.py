@@ -327,12 +327,13 @@ class FinetuneLearner:
             log.warning("world model retraining skipped, the model is unchanged: %s", err)
             return
         self.row.update(wm_error_1step=out["error_1step"], wm_error_10step=out.get(f"error_{cfg.eval_horizon}step"),
-                        wm_steps=out["steps"], wm_train_s=out["train_seconds"], wm_kept_incoming=float(out["kept_incoming"]))
+                        wm_steps=out["steps"], wm_train_s=out["train_seconds"],
+                        wm_kept_incoming=float(out["kept_incoming"]))
         if self.exp.model_buffer_flush:
             self.model_buffer = ReplayBuffer(self.model_buffer.capacity, self.fields, device=self.device)
 
     def branch_and_update(self) -> None:
-        """HUPT(e) branches of H(e)-step model rollouts from real states into the epoch's model buffer, each followed
+        """HUPT(e) branches of H(e)-step model rollouts from real states into the model buffer, each followed
         by ``updates_per_rollout`` SAC steps on mixed real/model batches (``algos.lift.finetune.branch_and_update``)."""
         exp = self.exp
         data = self.real_columns(("qpos", "qvel", "command") if self.commanded else ("qpos", "qvel"))
