@@ -62,6 +62,27 @@ def test_the_room_verdict_compares_the_refit_with_the_frozen_model_at_epoch_2():
         study.room_verdict({**curves, "epoch": [-1, 0, 1, 3]})
 
 
+def test_a_start_model_below_the_control_bar_runs_only_at_the_cap_and_above_the_change_bar():
+    """The at-cap acceptance declared after the 300k check: held, or at the cap with the hold rule passed and the
+    no-change control keeping at least KEEP_LIMIT; anything else refuses with the reason."""
+    check = {"holds": False, "mean_kept": 0.883, "spread": 0.016}
+    assert study.start_accepted(check, study.PRETRAIN_CAP)[0]
+    assert "under the 300000 cap" in study.start_accepted(check, study.PRETRAIN_CAP - 1)[1]
+    assert not study.start_accepted({**check, "mean_kept": study.KEEP_LIMIT - 0.01}, study.PRETRAIN_CAP)[0]
+    assert not study.start_accepted({**check, "spread": study.HOLD_SPREAD + 0.01}, study.PRETRAIN_CAP)[0]
+    assert study.start_accepted({**check, "holds": True}, 1000)[0]
+
+
+def test_the_plan_runs_friction_on_every_seed_before_mass_and_mass_has_no_appendix():
+    names = [u.name for u in study.units() if u.role == "report"]
+    first_mass = next(i for i, n in enumerate(names) if n.startswith("mass-"))
+    assert all(n.startswith("friction-") for n in names[:first_mass])
+    assert all(n.startswith("mass-") for n in names[first_mass:])
+    assert sum(n.startswith("friction-lift_stochastic") for n in names) == 2
+    assert not any(n.startswith("mass-lift_stochastic") for n in names)
+    assert len(names) == 2 * 4 * 5 + 2
+
+
 @pytest.mark.slow
 def test_gates_and_a_method_unit_run_the_learner_loop_and_refuse_without_room(tiny_start):
     """check-start, a zero-shot gate and a room gate at tiny size; a method unit refuses while the room gate says
