@@ -48,7 +48,7 @@ class RequestTimeout(SamplerError):
     worker was killed and replaced."""
 
 
-def _import(path: str) -> Callable[..., Any]:
+def import_factory(path: str) -> Callable[..., Any]:
     module, _, attr = path.partition(":")
     if not attr:
         raise ValueError(f"sampler factory must look like 'package.module:callable', got {path!r}")
@@ -194,7 +194,7 @@ class PoolWorker:
                     self.samplers.move_to_end(key)
                     return cached
             limit_torch_threads(self.torch_threads)
-            cached = _Cached(_import(factory)(config), scope)
+            cached = _Cached(import_factory(factory)(config), scope)
             with self.lock:
                 self.builds += 1
                 self.samplers[key] = cached

@@ -188,6 +188,24 @@ def test_training_lowers_the_holdout_loss_and_early_stopping_triggers(walker):
     assert stopped["stopped_early"] and stopped["steps"] == 100
 
 
+def test_a_refit_counts_its_patience_from_its_first_check_and_keeps_the_incoming_model_only_if_unbeaten(walker):
+    """LIFT's refit: best = inf before the first check, so a refit that never improves still runs patience + 1 checks
+    (not patience, as it would if the warm start were the starting best), and the incoming model comes back
+    unchanged only when no check beat it (here a step size that wrecks the fit)."""
+    env, prior = walker
+    data = collect(env, 800, seed=5)
+    cfg = WorldModelConfig(hidden_sizes=(64, 64), train_steps=1000, eval_every=50, eval_horizon=3, loss_horizon=2)
+    model = PhysicsWorldModel(prior, 6, cfg)
+    train_world_model(model, data, cfg=dataclasses.replace(cfg, train_steps=100))
+    stuck = train_world_model(model, data, cfg=dataclasses.replace(cfg, lr=1.0), scalers="refit",
+                              early_stopping=EarlyStopping(patience=2, min_improvement=10.0))
+    assert stuck["steps"] == 3 * 50 and stuck["stopped_early"] and stuck["kept_incoming"]
+    assert stuck["holdout_mse"] == pytest.approx(stuck["holdout_mse_initial"], rel=1e-5)  # as it came in
+    better = train_world_model(model, data, cfg=cfg, scalers="refit",
+                               early_stopping=EarlyStopping(patience=2, min_improvement=0.0, metric="mse"))
+    assert not better["kept_incoming"] and better["holdout_mse"] < better["holdout_mse_initial"]
+
+
 def test_config_validation_names_the_field():
     with pytest.raises(ValueError, match="prior_mode"):
         WorldModelConfig(prior_mode="rk4")

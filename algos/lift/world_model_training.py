@@ -285,8 +285,10 @@ def train_world_model(model: WorldModel, data: Mapping[str, np.ndarray], cfg: Wo
             log.debug("step %d train %.4f holdout %.4f", steps, running / eval_every, holdout_loss)
             running = 0.0
             if early_stopping is not None:
-                improved = (not math.isfinite(best_loss)
-                            or best_loss - holdout_loss > early_stopping.min_improvement * abs(best_loss))
+                # a non-finite loss never counts as progress (else a diverged refit would run every step)
+                improved = math.isfinite(holdout_loss) and (
+                    not math.isfinite(best_loss)
+                    or best_loss - holdout_loss > early_stopping.min_improvement * abs(best_loss))
                 if holdout_loss < best_loss:
                     best_loss, best_state = holdout_loss, snapshot(model)
                 stale = 0 if improved else stale + 1

@@ -159,9 +159,9 @@ class FinetuneLearner:
         self.journal = Journal(run_path, [], metrics=self.metrics)
         self.horizon = LinearSchedule.from_list(exp.horizon_schedule, "horizon_schedule")
         self.hupt = LinearSchedule.from_list(exp.hupt_schedule, "hupt_schedule")
-        if self.model is not None:
-            self.fit_model_buffer()  # epoch 0's size: the prefill goes in first, as LIFT's
         self.resume()
+        if self.model is not None:
+            self.fit_model_buffer()  # a fresh run's epoch-0 buffer (a resumed one brought its own): the prefill goes in
         self.agent.wrap(ddp.wrap_ddp)
 
         self.pool = pool if pool is not None else attach_pool(config["pool"], scope=config["run_id"])
