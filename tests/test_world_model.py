@@ -188,6 +188,16 @@ def test_training_lowers_the_holdout_loss_and_early_stopping_triggers(walker):
     assert stopped["stopped_early"] and stopped["steps"] == 100
 
 
+def test_convergence_measures_gains_from_the_last_counted_gain_as_lifts_best():
+    rule = EarlyStopping(patience=3, min_improvement=0.01)
+    slow = [1.0 * 0.994 ** i for i in range(12)]  # 0.6 % a check: every second check is a 1.2 % gain on LIFT's best
+    assert not any(rule.converged(slow[:n]) for n in range(1, 13))
+    flat = [1.0, 0.999, 0.998, 0.997]  # never 1 % below the first check
+    assert [rule.converged(flat[:n]) for n in range(1, 5)] == [False, False, False, True]
+    assert rule.converged([1.0, float("nan"), float("nan"), float("nan")])  # a diverged fit stops
+    assert not rule.converged([float("nan")] * 2 + [1.0])  # the first finite check is a gain
+
+
 def test_a_refit_counts_its_patience_from_its_first_check_and_keeps_the_incoming_model_only_if_unbeaten(walker):
     """LIFT's refit: best = inf before the first check, so a refit that never improves still runs patience + 1 checks
     (not patience, as it would if the warm start were the starting best), and the incoming model comes back

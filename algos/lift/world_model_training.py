@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -45,6 +45,17 @@ class EarlyStopping:
             raise ValueError(f"patience must be >= 1, got {self.patience}")
         if self.min_improvement < 0:
             raise ValueError(f"min_improvement must be >= 0, got {self.min_improvement}")
+
+    def converged(self, losses: Sequence[float]) -> bool:
+        """Whether the checks so far end with ``patience`` in a row that brought no gain. A gain is measured from
+        LIFT's ``best``, which moves only on a gain (from +inf before the first check), so slow gains add up until
+        one counts; a non-finite loss is never a gain (else a diverged fit would run to its step cap)."""
+        reference, stale = math.inf, 0
+        for loss in losses:
+            gain = math.isfinite(loss) and (not math.isfinite(reference)
+                                            or reference - loss > self.min_improvement * abs(reference))
+            reference, stale = (loss, 0) if gain else (reference, stale + 1)
+        return stale >= self.patience
 
 
 # ---------------------------------------------------------------------------------------------------------------- data
@@ -255,7 +266,7 @@ def train_world_model(model: WorldModel, data: Mapping[str, np.ndarray], cfg: Wo
     holdout_batch = gather_windows(tensors, hold_index, hold_valid)
 
     optimiser = torch.optim.Adam(model.parameters(), lr=cfg.lr)
-    best_loss, best_state, stale, stopped_early = math.inf, None, 0, False
+    best_loss, best_state, stopped_early = math.inf, None, False
     history: list[float] = []
     key = "normalized_mse" if early_stopping is not None and early_stopping.metric == "mse" else "nll"
     eval_every = cfg.eval_every or max(1, len(train_index) // cfg.batch_size)  # 0: once per pass (LIFT's epochs)
@@ -285,14 +296,9 @@ def train_world_model(model: WorldModel, data: Mapping[str, np.ndarray], cfg: Wo
             log.debug("step %d train %.4f holdout %.4f", steps, running / eval_every, holdout_loss)
             running = 0.0
             if early_stopping is not None:
-                # a non-finite loss never counts as progress (else a diverged refit would run every step)
-                improved = math.isfinite(holdout_loss) and (
-                    not math.isfinite(best_loss)
-                    or best_loss - holdout_loss > early_stopping.min_improvement * abs(best_loss))
                 if holdout_loss < best_loss:
                     best_loss, best_state = holdout_loss, snapshot(model)
-                stale = 0 if improved else stale + 1
-                if stale >= early_stopping.patience:
+                if early_stopping.converged(history):
                     stopped_early = True
                     break
     if incoming is not None and initial_metrics[key] <= best_loss:

@@ -58,6 +58,10 @@ unit ran; the issue's author is an earlier session, so the study's owner decides
     methods on seeds 10-14 without the appendix, and read as a near-no-change condition for every method (how far
     each method drifts from a policy that need not change), not as recovery.
   - Unit order: friction first (all seeds), then mass, so a partial study has the change that matters complete.
+  - A line-by-line read of LIFT's refit (``finetune_wm_ac.py:1311-1313``) found one more departure: LIFT measures a
+    gain from its ``best``, which moves only on a gain, so slow gains add up; orrery measured it from the lowest check
+    (a refit gaining 0.6 % a pass stopped after 6). Fixed (``EarlyStopping.converged``); both room gates, first run
+    with the old rule (friction 0.29x, mass 0.81x: ``superseded/room-convergence/``), run again before any method unit.
 """
 from __future__ import annotations
 
@@ -400,6 +404,13 @@ def superseded_lines(out_dir: Path) -> list[str]:
                      "from its first check, as LIFT's.")
     lines.append("- the remedy the issue names, more pretraining: the 200k agent resumed to "
                  f"{PRETRAIN_CAP // 1000}k (its replay refilled by the policy: it had gone with its machine).")
+    rooms = {p.stem: json.loads(p.read_text())["metrics"]
+             for p in sorted((out_dir / "superseded" / "room-convergence").glob("*.json"))}
+    if rooms:
+        lines.append("- the room gates on the 300k model first ran with orrery's old convergence reference (a gain "
+                     "measured from the lowest check, not LIFT's last counted gain): "
+                     + ", ".join(f"{k.removeprefix('room-')} refit / frozen {m['ratio']:.2f}x"
+                                 for k, m in rooms.items()) + "; run again with LIFT's rule (table above).")
     return lines + [""]
 
 
