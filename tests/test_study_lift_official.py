@@ -151,3 +151,12 @@ def test_a_finished_start_model_becomes_a_checkpoint_that_runs_on(tiny_start, tm
             break
     assert again is not None and again["metrics"]["env_steps"] == steps + 160
     assert again["metrics"]["replay_refills"] == 1  # the replay did not travel: refilled once, and recorded
+
+
+def test_the_report_carries_the_official_table_from_its_one_source(tmp_path):
+    lines = study.official_table_lines()
+    assert "### The world model's refit" in lines and any("finetune_wm_ac.py" in line for line in lines)
+    broken = tmp_path / "README.md"
+    broken.write_text("# LIFT\n\n## Methods beside LIFT\n")
+    with pytest.raises(ValueError, match="The loop"):
+        study.official_table_lines(broken)

@@ -551,6 +551,19 @@ def plot(records: list[dict], gates: dict[str, dict], out: Path) -> Path | None:
     return out
 
 
+def official_table_lines(readme: Path = Path(__file__).resolve().parents[2] / "algos" / "lift" / "README.md"
+                         ) -> list[str]:
+    """The official-vs-orrery tables of ``algos/lift/README.md`` (its sections from "The loop" up to "Methods beside
+    LIFT"), headings demoted, so the study's section shows the table its one source holds."""
+    text = readme.read_text()
+    start, end = text.find("## The loop"), text.find("## Methods beside LIFT")
+    if start < 0 or end < start:
+        raise ValueError(f"{readme} lacks its '## The loop' ... '## Methods beside LIFT' sections")
+    body = [("###" + line[2:]) if line.startswith("## ") else line for line in text[start:end].strip().splitlines()]
+    return ["**Settings beside the official code** (bigai-ai/LIFT-humanoid@32fab57; from `algos/lift/README.md`):",
+            "", *body, ""]
+
+
 def report(records: list[dict], out_dir: Path) -> str:
     recs = _by_name(records)
     lines = ["## LIFT finetuning as its authors run it (issue 36)", "",
@@ -562,7 +575,7 @@ def report(records: list[dict], out_dir: Path) -> str:
              "step; LIFT's finetuning coefficients; 10 deterministic evaluation episodes per epoch. Supersedes the "
              "first Walker2d study (issue 23, "
              "below), whose loop was a second copy.", "", *start_lines(recs), "", *gate_lines(recs), "",
-             *superseded_lines(out_dir), ""]
+             *superseded_lines(out_dir), "", *official_table_lines()]
     reported = [r for r in records if r["role"] == "report"]
     if not reported:
         accepted = ("check-start" in recs and "pretrain" in recs
