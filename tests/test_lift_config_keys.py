@@ -52,6 +52,8 @@ PRE_CHANGE_RETURN = ZERO_SHOT_RETURN = 0.0
 class Changes(NamedTuple):
     value: Any
     method: str
+    # other keys set in both runs, for a key that acts only beside them (compared with that context's own run)
+    context: dict | None = None
 
 
 class Driver(NamedTuple):
@@ -247,7 +249,7 @@ CASES: dict[str, Changes | Driver] = {
     "wm_pretrain_seed": Changes(1, "lift"),
     "wm_retrain_steps": Changes(1, "lift"),
     "wm_loss_horizon": Changes(1, "lift"),
-    "wm_eval_every": Changes(1, "lift"),
+    "wm_eval_every": Changes(1, "lift", {"wm_min_improvement": 0.5}),  # a stage-2 fit that stops early
     "wm_patience": Changes(1, "lift"),
     "wm_min_improvement": Changes(0.5, "lift"),
     "blackbox_ensemble_size": Changes(2, "mbpo_wm"),
@@ -286,8 +288,9 @@ def test_every_key_changes_the_run_or_is_checked_by_the_driver(key, request):
         case.check(start)
         return
     assert case.value != getattr(Config(**TINY), key), f"{key}: the case's value is the tiny run's own"
-    base = request.getfixturevalue("default_run")(case.method)
-    changed = request.getfixturevalue("runs")({key: case.value}, case.method)
+    runs = request.getfixturevalue("runs")
+    base = runs(case.context, case.method) if case.context else request.getfixturevalue("default_run")(case.method)
+    changed = runs({**(case.context or {}), key: case.value}, case.method)
     assert not changed.same_as(base), (
         f"experiment.{key}={case.value!r} left the {case.method} run unchanged: the key is ignored")
 

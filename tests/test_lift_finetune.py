@@ -41,10 +41,36 @@ def test_model_rollouts_start_from_real_buffer_states():
     assert (start[:, None, :] == real_states[None]).all(-1).any(-1).all(), "a start state not in the real buffer"
     batch, metrics = branch_rollouts(model, start, lambda obs: torch.tanh(obs[:, :1]), obs_fn, reward_fn, scale, 3)
     assert torch.allclose(batch["obs"][:64], obs_fn(start[:, :2], start[:, 2:]).float())
-    assert metrics["model_transitions"] == len(batch["reward"]) >= 64
-    assert set(batch) == {"obs", "action", "reward", "next_obs", "terminated", "truncated"}
+    # a terminated rollout restarts from its start state (LIFT's AutoResetWrapper): every branch yields n x H rows
+    assert metrics["model_transitions"] == len(batch["reward"]) == 64 * 3
+    assert set(batch) == {"obs", "action", "reward", "next_obs", "terminated", "truncated", "critic_obs",
+                          "next_critic_obs"}
+    ends = batch["terminated"][:-64].bool()
+    if ends.any():  # the row after a termination is that row's start state again
+        start_obs = obs_fn(start[:, :2], start[:, 2:]).float().repeat(2, 1)
+        torch.testing.assert_close(batch["critic_obs"][64:][ends], start_obs[ends])
     with pytest.raises(ValueError, match="empty"):
         sample_start_states(real_states[:0], 4)
+
+
+def test_a_terminated_model_rollout_restarts_from_its_start_state_until_h_steps():
+    """LIFT's model env auto-resets to the branch's start state: with every step terminating, each of the H steps
+    starts at the start state, and the branch still yields n x H transitions, all terminal."""
+    from algos.lift.world_model import PhysicsWorldModel, WorldModelConfig
+    from envs.control.mujoco_prior import MujocoPrior
+    from envs.control.tasks import make_env
+    obs_fn, reward_fn, scale = _pendulum_rollout_functions()
+    model = PhysicsWorldModel(MujocoPrior.from_env(make_env("inverted_pendulum")), 1,
+                              WorldModelConfig(hidden_sizes=(8,)))
+
+    def always_falls(*args):
+        reward, _ = reward_fn(*args)
+        return reward, torch.ones_like(reward, dtype=torch.bool)
+    start = torch.randn(10, 4) * 0.05
+    batch, metrics = branch_rollouts(model, start, lambda obs: torch.zeros(len(obs), 1), obs_fn, always_falls, scale,
+                                     4)
+    assert len(batch["reward"]) == 40 and metrics["model_terminations"] == 40
+    torch.testing.assert_close(batch["critic_obs"], obs_fn(start[:, :2], start[:, 2:]).float().repeat(4, 1))
 
 
 def test_mixed_batches_hold_the_real_ratio_and_metrics_helpers():
@@ -53,6 +79,10 @@ def test_mixed_batches_hold_the_real_ratio_and_metrics_helpers():
     batch = mixed_sampler(real, model, 0.06, torch.Generator().manual_seed(0))(1000)
     assert batch["reward"].sum() == 60 and batch["obs"].shape == (1000, 2)
     assert batch["reward"][:500].sum() not in (0, 60), "rows must be shuffled (update cuts consecutive minibatches)"
+    noisy = lambda n: {"reward": torch.zeros(n), "obs": torch.full((n, 2), 5.0), "critic_obs": torch.zeros(n, 2)}  # noqa: E731
+    both = mixed_sampler(real, noisy, 0.5, torch.Generator().manual_seed(0))(100)
+    real_rows = both["reward"] == 1  # real rows: the critic's view is their own obs; model rows keep their own
+    assert (both["critic_obs"][real_rows] == 1).all() and (both["critic_obs"][~real_rows] == 0).all()
     actions = np.array([[[0.0]], [[1.0]], [[1.0]], [[3.0]]])
     done = np.array([[False], [False], [True], [False]])
     assert action_rate(actions, done) == pytest.approx(0.5)  # (1 + 0) / 2; the pair across the episode end is skipped
@@ -153,8 +183,12 @@ def test_model_rollouts_carry_the_command_and_show_the_actor_model_noise():
         assert torch.allclose(seen[0][:, -1], command.float()), "the command is the policy's last input"
     torch.testing.assert_close(runs[0.0]["reward"], runs[1.0]["reward"])
     assert not torch.allclose(inputs[0.0][1], inputs[1.0][1]), "the actor's second input carries the model's noise"
-    for key in ("obs", "next_obs"):  # what the critic sees and bootstraps from: the mean state, never the noise
+    for key in ("critic_obs", "next_critic_obs"):  # what Q and the target Q read: the mean state, never the noise
         torch.testing.assert_close(runs[0.0][key], runs[1.0][key])
+    # what the actor's losses and the target's next action read: the noisy view LIFT stores as 'state'
+    torch.testing.assert_close(runs[1.0]["obs"][16:], inputs[1.0][1].float())
+    assert not torch.allclose(runs[0.0]["next_obs"], runs[1.0]["next_obs"])
+    torch.testing.assert_close(runs[0.0]["next_obs"], runs[0.0]["next_critic_obs"])  # no noise: one view
     torch.testing.assert_close(runs[0.0]["obs"][:16], runs[1.0]["obs"][:16])  # start states are real: no noise
     # the tracking reward of each row follows its own command
     assert runs[0.0]["reward"][:16].std() > 0

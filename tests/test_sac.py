@@ -352,3 +352,18 @@ def test_detached_critic_sends_gradient_to_the_action_only():
     q.sum().backward()
     assert action.grad is not None and action.grad.abs().sum() > 0
     assert all(p.grad is None for p in critic.parameters())
+
+
+def test_a_symmetric_agent_reads_a_batchs_own_critic_view_with_the_obs_statistics():
+    """LIFT's model rows: the actor's obs is noisy, the critic's is the clean state in the same space; a symmetric
+    agent normalises both with its one obs normalizer, and without a critic view the critic reads obs."""
+    agent = SACAgent(OBS, ACT, SACConfig(actor_hidden=(8,), critic_hidden=(8,)))
+    agent.obs_normalizer.update(torch.randn(100, OBS) * 3 + 2)
+    batch = random_batch(16)
+    plain = agent.prepare(batch)
+    assert torch.equal(plain["critic_obs"], plain["obs"])
+    clean = dict(batch, critic_obs=batch["obs"] + 1.0, next_critic_obs=batch["next_obs"] - 1.0)
+    data = agent.prepare(clean)
+    torch.testing.assert_close(data["critic_obs"], agent.obs_normalizer.normalize(clean["critic_obs"]))
+    torch.testing.assert_close(data["next_critic_obs"], agent.obs_normalizer.normalize(clean["next_critic_obs"]))
+    torch.testing.assert_close(data["obs"], plain["obs"])

@@ -206,7 +206,11 @@ class SACAgent:
             "terminated": cast("terminated").reshape(-1),
             "truncated": cast("truncated").reshape(-1),
         }
-        if self.critic_obs_normalizer is None:
+        if self.critic_obs_normalizer is None and "critic_obs" in batch:
+            # the critic's clean view of a transition whose obs the actor saw through noise (LIFT's model rollouts)
+            data["critic_obs"] = self.obs_normalizer.normalize(cast("critic_obs"))
+            data["next_critic_obs"] = self.obs_normalizer.normalize(cast("next_critic_obs"))
+        elif self.critic_obs_normalizer is None:
             data["critic_obs"], data["next_critic_obs"] = data["obs"], data["next_obs"]
         else:
             missing = {"critic_obs", "next_critic_obs"} - set(batch)

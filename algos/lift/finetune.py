@@ -94,55 +94,66 @@ def branch_rollouts(model, start: Tensor, policy: Callable[[Tensor], Tensor], ob
     ``policy(obs) -> action in [-1, 1]`` (stochastic); the model steps on the control ``action_scale.to_ctrl(a)``;
     ``reward_fn(qpos, qvel, next_qpos, next_qvel, ctrl)`` recomputes reward and termination on the predicted state.
     ``command`` (n,): each start state's velocity command (a command-conditioned task), passed to ``obs_fn`` and
-    ``reward_fn``. The state is propagated by the model's mean; with ``obs_noise`` > 0 the actor sees it through
-    Gaussian noise of ``obs_noise`` x the model's predicted std (LIFT's ``wm_noise_to_actor_noise``). The noise is the
-    actor's input only: the stored obs/next_obs (what the critic and its target see), the reward and the termination
-    are the mean state's (issue 36: the noise had reached the critic's target).
-    A rollout stops after its first termination, or when the model's prediction leaves the finite numbers (that
-    transition is dropped). Returns flat SAC transitions (obs, action, reward, next_obs, terminated, truncated = 0)
-    of the live rows, and metrics (transitions, terminations, mean predicted std).
+    ``reward_fn``. The state is propagated by the model's mean. With ``obs_noise`` > 0 the actor's view of it carries
+    Gaussian noise of ``obs_noise`` x the model's predicted std (LIFT's ``wm_noise_to_actor_noise``), and that view is
+    what LIFT stores as the actor's state (``wm_networks.py:179-182``, ``finetune_wm_ac.py:1588-1607``): ``obs`` and
+    ``next_obs`` (the actor's and alpha's losses, the target's next action) are the noisy view, ``critic_obs`` and
+    ``next_critic_obs`` (Q and the target Q) the mean state's, like the reward and the termination.
+    A rollout that terminates starts again from its start state and runs on until H steps (LIFT's model env sits in
+    an ``AutoResetWrapper``, ``finetune_wm_ac.py:264-270``), so a branch yields n·H transitions; a prediction that
+    leaves the finite numbers is dropped and its row restarts too. Returns flat SAC transitions (truncated = 0) and
+    metrics (transitions, terminations, mean predicted std).
     """
     nq = model.nq
 
     def observe(state: Tensor, cmd: Tensor | None) -> Tensor:
         return obs_fn(state[:, :nq], state[:, nq:]) if cmd is None else obs_fn(state[:, :nq], state[:, nq:], cmd)
 
-    state, cmd = start, command
-    obs = observe(state, cmd)
-    actor_obs = obs  # start states are real: the actor sees them as they are
-    out: dict[str, list[Tensor]] = {k: [] for k in ("obs", "action", "reward", "next_obs", "terminated")}
+    extra = () if command is None else (command,)
+    start_obs = observe(start, command)
+    state, obs, actor_obs = start, start_obs, start_obs  # start states are real: the actor sees them as they are
+    keys = ("obs", "action", "reward", "next_obs", "terminated", "critic_obs", "next_critic_obs")
+    out: dict[str, list[Tensor]] = {k: [] for k in keys}
     terminations, std_sum, std_count = 0, 0.0, 0
-    for _ in range(horizon):
-        if len(state) == 0:
-            break
+    for _ in range(horizon if len(start) else 0):
         action = policy(actor_obs.float())
         ctrl = action_scale.to_ctrl(action.to(state.dtype))
         next_state, logvar = model.predict(state, ctrl, member=member)
         finite = torch.isfinite(next_state).all(-1)
-        extra = () if cmd is None else (cmd,)
         reward, terminated = reward_fn(state[:, :nq], state[:, nq:], next_state[:, :nq], next_state[:, nq:], ctrl,
                                        *extra)
         keep = finite & torch.isfinite(reward)
         std = (0.5 * logvar).exp()
-        next_obs = observe(next_state, cmd)
+        next_obs = observe(next_state, command)
         next_actor_obs = next_obs
         if obs_noise > 0:
             noise = torch.randn(next_state.shape, generator=generator, device=next_state.device,
                                 dtype=next_state.dtype)
-            next_actor_obs = observe(next_state + obs_noise * std.nan_to_num(0.0) * noise, cmd)
-        for key, value in (("obs", obs), ("action", action), ("reward", reward), ("next_obs", next_obs),
-                           ("terminated", terminated)):
+            next_actor_obs = observe(next_state + obs_noise * std.nan_to_num(0.0) * noise, command)
+        for key, value in (("obs", actor_obs), ("action", action), ("reward", reward), ("next_obs", next_actor_obs),
+                           ("terminated", terminated), ("critic_obs", obs), ("next_critic_obs", next_obs)):
             out[key].append(value[keep].float())
         terminations += int((terminated & keep).sum())
         std_sum += float(std[keep].mean(-1).sum()) if keep.any() else 0.0
         std_count += int(keep.sum())
-        alive = keep & ~terminated
-        state, obs, actor_obs = next_state[alive], next_obs[alive], next_actor_obs[alive]
-        cmd = None if cmd is None else cmd[alive]
+        restart = (~keep | terminated.bool()).unsqueeze(-1)
+        state = torch.where(restart, start, next_state)
+        obs = torch.where(restart, start_obs, next_obs)
+        actor_obs = torch.where(restart, start_obs, next_actor_obs)
     batch = {k: torch.cat(v) if v else torch.empty(0) for k, v in out.items()}
     batch["truncated"] = torch.zeros_like(batch["reward"])
     return batch, {"model_transitions": float(len(batch["reward"])), "model_terminations": float(terminations),
                    "model_pred_std": std_sum / max(std_count, 1)}
+
+
+def with_critic_view(batch: Mapping[str, Tensor]) -> dict[str, Tensor]:
+    """A transition batch with ``critic_obs``/``next_critic_obs``: its own, or (real data, no noise) obs/next_obs."""
+    out = dict(batch)
+    if "critic_obs" not in out and "obs" in out:
+        out["critic_obs"] = out["obs"]
+    if "next_critic_obs" not in out and "next_obs" in out:
+        out["next_critic_obs"] = out["next_obs"]
+    return out
 
 
 @dataclass(frozen=True)
@@ -203,6 +214,8 @@ def mixed_sampler(real_sample: Callable[[int], Mapping[str, Tensor]], model_samp
         n_real = int(round(real_ratio * n))
         parts = [p for p in (real_sample(n_real) if n_real else None, model_sample(n - n_real) if n - n_real else None)
                  if p is not None]
+        if any("critic_obs" in p for p in parts):  # model rows carry the critic's clean view; real rows are clean
+            parts = [with_critic_view(p) for p in parts]
         batch = {k: torch.cat([p[k].float() for p in parts]) for k in parts[0]}
         order = torch.randperm(n, generator=generator, device=batch["reward"].device)
         return {k: v[order] for k, v in batch.items()}

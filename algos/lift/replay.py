@@ -15,11 +15,15 @@ import torch
 Spec = tuple[Sequence[int], torch.dtype | str]
 
 
-def transition_fields(obs_dim: int, act_dim: int) -> dict[str, Spec]:
-    """The fields of a SAC transition (what ``algos.lift.sac.update`` reads and env rollouts return), float32."""
-    return {"obs": ((obs_dim,), torch.float32), "action": ((act_dim,), torch.float32), "reward": ((), torch.float32),
-            "next_obs": ((obs_dim,), torch.float32), "terminated": ((), torch.float32),
-            "truncated": ((), torch.float32)}
+def transition_fields(obs_dim: int, act_dim: int, critic_view: bool = False) -> dict[str, Spec]:
+    """The fields of a SAC transition (what ``algos.lift.sac.update`` reads and env rollouts return), float32;
+    ``critic_view``: also the critic's own obs/next_obs (LIFT's model buffer: the actor's view there is noisy)."""
+    fields = {"obs": ((obs_dim,), torch.float32), "action": ((act_dim,), torch.float32),
+              "reward": ((), torch.float32), "next_obs": ((obs_dim,), torch.float32),
+              "terminated": ((), torch.float32), "truncated": ((), torch.float32)}
+    if critic_view:
+        fields |= {"critic_obs": ((obs_dim,), torch.float32), "next_critic_obs": ((obs_dim,), torch.float32)}
+    return fields
 
 
 def _as_dtype(dtype: torch.dtype | str) -> torch.dtype:

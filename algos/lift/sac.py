@@ -7,7 +7,8 @@ One training iteration of LIFT (Brax SAC, modified):
        consecutive slices of B, each: alpha -> critic -> actor -> Polyak                      (``update``)
 
 Within one SGD step every loss reads the parameters from the start of the step, except that the critic
-and actor losses use the *updated* temperature (the order of Brax/LIFT's ``sgd_step``):
+and actor losses use the *updated* temperature (the order of LIFT's pretraining ``sgd_step``,
+``policy_pretrain/train.py:329-339``; its finetuning uses the one from before the step, ~0.03 % apart):
     alpha:  J(log a)  = E[ a * sg(-log pi(a~|s) - H_target) ],  H_target = -coef * |A|          (SAC eq. 18)
     critic: y = s_r r + gamma (1 - term) [min_i Qbar_i(s', a') - a log pi(a'|s')],  a' ~ pi(.|s')
             J(Q) = 1/2 mean_{b,i} [ m_b (Q_i(s_b, a_b) - y_b) ]^2,  m_b = 1 - trunc_b (1 - term_b)

@@ -31,7 +31,7 @@ import numpy as np
 import torch
 
 from algos.lift.agent import SACAgent
-from algos.lift.finetune import Branching, LinearSchedule, action_rate, branch_and_update
+from algos.lift.finetune import Branching, LinearSchedule, action_rate, branch_and_update, with_critic_view
 from algos.lift.replay import ReplayBuffer, transition_fields
 from algos.lift.sac import SACConfig, update
 from algos.lift.world_model_training import heldout_errors, train_world_model
@@ -142,6 +142,8 @@ class FinetuneLearner:
         probe.close()
         self.deterministic = self.spec.deterministic_real  # LIFT's deterministic_in_env; the baselines explore
         self.fields = transition_fields(self.agent.obs_dim, self.agent.act_dim)
+        # LIFT's SAC buffer keeps the actor's (noisy) and the critic's (clean) view of each model transition
+        self.model_fields = transition_fields(self.agent.obs_dim, self.agent.act_dim, critic_view=True)
         self.real_buffer = ReplayBuffer(exp.env_buffer_capacity, self.fields, device=device)
         # LIFT's SAC buffer: model rollouts and every real step, resized when H(e) changes (``fit_model_buffer``)
         self.model_buffer: ReplayBuffer | None = None
@@ -219,7 +221,8 @@ class FinetuneLearner:
             self.model.load_state_dict(state["model"])
         if state.get("model_buffer") is not None:
             self.buffer_horizon = state["buffer_horizon"]
-            self.model_buffer = ReplayBuffer(state["model_buffer"]["capacity"], self.fields, device=self.device)
+            self.model_buffer = ReplayBuffer(state["model_buffer"]["capacity"], self.model_fields,
+                                             device=self.device)
             self.model_buffer.load_state_dict(state["model_buffer"])
         if self.epoch < self.exp.epochs:
             # A resumed run re-enters every method's fit; a finished method redoes nothing and keeps its metric rows
@@ -272,7 +275,8 @@ class FinetuneLearner:
             sync_normalizer(self.agent.obs_normalizer, batch["obs"])
         self.real_buffer.add({k: batch[k] for k in self.real_buffer.specs})
         if self.model_buffer is not None:  # LIFT's get_experience_brax inserts every real step into the SAC buffer
-            self.model_buffer.add({k: batch[k] for k in self.model_buffer.specs})
+            real = with_critic_view(batch)  # a real step's critic view is its own obs
+            self.model_buffer.add({k: real[k] for k in self.model_buffer.specs})
         columns = world_model_columns(batch)
         if self.commanded:
             columns["command"] = batch["obs"][:, -1].astype(np.float64)
@@ -309,7 +313,7 @@ class FinetuneLearner:
         capacity = min(self.hupt(self.epoch) * self.exp.rollout_batch * h, self.exp.model_buffer_capacity)
         old, self.buffer_horizon = self.model_buffer, h
         self.model_buffer = (old.resized(capacity) if old is not None and not self.exp.model_buffer_flush
-                             else ReplayBuffer(capacity, self.fields, device=self.device))
+                             else ReplayBuffer(capacity, self.model_fields, device=self.device))
 
     def retrain_model(self) -> None:
         """Fit the world model (warm start, early stopping, scalers refit keeping its predictions) on every real
@@ -330,7 +334,7 @@ class FinetuneLearner:
                         wm_steps=out["steps"], wm_train_s=out["train_seconds"],
                         wm_kept_incoming=float(out["kept_incoming"]))
         if self.exp.model_buffer_flush:
-            self.model_buffer = ReplayBuffer(self.model_buffer.capacity, self.fields, device=self.device)
+            self.model_buffer = ReplayBuffer(self.model_buffer.capacity, self.model_fields, device=self.device)
 
     def branch_and_update(self) -> None:
         """HUPT(e) branches of H(e)-step model rollouts from real states into the model buffer, each followed
