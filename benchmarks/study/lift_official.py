@@ -62,6 +62,9 @@ unit ran; the issue's author is an earlier session, so the study's owner decides
     gain from its ``best``, which moves only on a gain, so slow gains add up; orrery measured it from the lowest check
     (a refit gaining 0.6 % a pass stopped after 6). Fixed (``EarlyStopping.converged``); both room gates, first run
     with the old rule (friction 0.29x, mass 0.81x: ``superseded/room-convergence/``), run again before any method unit.
+    The same read (before any method unit ran) found two more, fixed with it: the SAC buffer stores the actor's
+    noisy view of a model state (the actor, alpha and target-action inputs; Q reads the clean state), and a model
+    rollout that terminates restarts from its start state until H steps (``algos/lift/README.md``).
 """
 from __future__ import annotations
 
