@@ -9,7 +9,7 @@ from experiments.tour_report import copy_plots, fmt, load_summary, paired_verdic
 
 # the run stops once the evaluation reaches the preset's stop_return (seed 0 alone: 1000 at ~14k env steps); gravity
 # x9: policies that reach 1000 here keep it up to x6 (one of them up to x8) and drop to 4-43 at x9; with LIFT's
-# finetuning coefficients and the preset's update budget LIFT recovers in ~5000 real steps, SAC in ~2000 (one seed)
+# finetuning coefficients and the preset's update budget LIFT recovers in 5000-6000 real steps, SAC in ~2000 (one seed)
 TOUR = TourPart(
     title="LIFT",
     stages=(
