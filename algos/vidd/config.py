@@ -94,11 +94,12 @@ class VIDDConfig:
     # True only to rebuild the issue-24 studies' hybrid (per-step weights over one random step per trajectory), whose
     # records were made that way; never for new runs
     legacy_small_step_groups: bool = False
-    # DDPO baseline (the released code: ratio clip 1e-4, one step per batch, old policy = previous step)
+    # DDPO baseline (the released code: ratio clip 1e-4, one step per batch, old policy = the previous iteration's
+    # model; here theta_old = theta at one inner step: see algos/vidd/README.md)
     ddpo_clip: float = 0.2
     ddpo_inner_steps: int = 2
     ddpo_lr: float | None = None  # None = lr
-    # DDPP baseline: roll-ins from the current policy with probability beta (else p_pre, the DNA script's 0.5);
+    # DDPP baseline: roll-ins from the current policy with probability beta, else p_pre (the DNA script: 0, p_pre only);
     # log Z(x_t) estimated by v(x_t) / alpha with v = r(x0hat(x_t; p_pre)) as in the released code
     # best-of-N baseline: number of selected outputs; N = query_budget // best_of_n_outputs
     best_of_n_outputs: int = 64

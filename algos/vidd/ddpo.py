@@ -73,8 +73,9 @@ def ddpo_update(
     device = next(policy.parameters()).device
     states, advantages = states.to(device), advantages.to(device)
     policy.train()
-    # one inner step (the released code): theta_old is theta itself, the ratio is 1 with gradient grad log p, and
-    # the separate forward pass for theta_old's log-probabilities is skipped
+    # one inner step: theta_old is theta itself, the ratio is 1 with gradient grad log p, and the separate forward
+    # pass for theta_old's log-probabilities is skipped (the released code's theta_old is the previous iteration's
+    # model, so its 1e-4 clip gates the gradient: algos/vidd/README.md)
     old_log_p = None
     if cfg.ddpo_inner_steps > 1:
         with torch.no_grad():
