@@ -101,6 +101,12 @@ def test_report_on_synthetic_records(tmp_path):
     line = next(ln for ln in reading.splitlines() if "- ddpo" in ln)
     assert "16384: +0.2" in line, line
     assert "P1:" in text and "Gate:" in text
+    verdicts = {ln[2:4]: ln.rsplit(": ", 1)[-1] for ln in reading.splitlines() if ln.startswith("- P")}
+    # the primary leads every method (P4) and the pretrained best-of-1 (P1); DDPO never leads it (P2), and the signed
+    # gap DDPO - primary falls from 2k to 16k as the primary's lead grows (P3, read as declared: a smaller gap)
+    assert verdicts == {"P1": "holds.", "P2": "does not hold.", "P3": "holds.", "P4": "holds."}, verdicts
+    assert "**Gate** (" in reading and "passed" in reading
+    assert "Does VIDD beat DDPO and RW-MLE at a lower NLL at any budget here?" in reading
     partial = vb.report(synthetic_records(0.0, drop={"ddpo-s12"}), tmp_path)
     assert "34/35" in partial and "Partial" in partial and "### Reading" not in partial
 

@@ -338,19 +338,72 @@ def report(records: list[dict], out_dir: Path) -> str:
     return "\n".join(lines).rstrip() + "\n"
 
 
+def _interval(mean: float, lo: float, hi: float) -> str:
+    return f"{mean:+.3f} [{lo:+.3f}, {hi:+.3f}]"
+
+
+def _verdict(lo: float, hi: float) -> str:
+    return "above 0" if lo > 0 else "below 0" if hi < 0 else "includes 0"
+
+
 def _reading(by_unit: dict, points: list[int]) -> list[str]:
-    """Seed-paired gaps of the primary against DDPO and RW-MLE at each evaluation point."""
-    from benchmarks.study.stats import paired
-    out = []
-    for other in ("ddpo", "rw_mle", "standard_ft_official"):
-        gaps = []
-        for i, q in enumerate(points):
-            a = {s: by_unit[f"{PRIMARY}-s{s}"]["curves"]["reward_median"][i] for s in REPORTED_SEEDS}
-            b = {s: by_unit[f"{other}-s{s}"]["curves"]["reward_median"][i] for s in REPORTED_SEEDS}
-            mean, lo, hi = paired(a, b)
-            gaps.append(f"{q}: {mean:+.3f} [{lo:+.3f}, {hi:+.3f}]")
-        nll_a = [by_unit[f"{PRIMARY}-s{s}"]["metrics"]["nll"] for s in REPORTED_SEEDS]
-        nll_b = [by_unit[f"{other}-s{s}"]["metrics"]["nll"] for s in REPORTED_SEEDS]
-        out.append(f"- {PRIMARY} - {other}, median reward by budget: " + "; ".join(gaps)
-                   + f". NLL at {points[-1]}: {np.mean(nll_a):.1f} vs {np.mean(nll_b):.1f}.")
+    """The gate, the declared predictions and the issue's question (does VIDD beat DDPO and RW-MLE at a lower NLL at
+    any budget, and how does the gap move with the budget), each from seed-paired intervals over the reported seeds."""
+    from benchmarks.study.stats import paired, t_interval
+
+    def at(method: str, i: int) -> dict[int, float]:
+        return {s: by_unit[f"{method}-s{s}"]["curves"]["reward_median"][i] for s in REPORTED_SEEDS
+                if len(by_unit[f"{method}-s{s}"]["curves"]["reward_median"]) > i}
+
+    def nll(method: str) -> dict[int, float]:
+        return {s: by_unit[f"{method}-s{s}"]["metrics"]["nll"] for s in REPORTED_SEEDS}
+
+    last = len(points) - 1
+    primary = [by_unit[f"{PRIMARY}-s{s}"] for s in REPORTED_SEEDS]
+    reached = all(r["metrics"].get("queries", points[-1]) >= 0.99 * points[-1]
+                  and r["metrics"].get("teacher_refreshes", SIZES["min_refreshes"]) >= SIZES["min_refreshes"]
+                  for r in primary)
+    complete = sum(len(r["curves"]["reward_median"]) == len(points) for r in primary)
+    gate = reached and complete >= 4
+    out = [f"- **Gate** ({GATE}): {'passed' if gate else 'failed: no claim is read below'} (budget and refreshes "
+           f"{'reached' if reached else 'not reached'}; {complete} of {len(primary)} seeds with every point)."]
+    if not gate:
+        return out
+    pre = {s: next((q["reward_median"] for q in by_unit[f"best_of_n-s{s}"].get("points", []) if q["N"] == 1), None)
+           for s in REPORTED_SEEDS if f"best_of_n-s{s}" in by_unit}
+    p1 = paired(at(PRIMARY, last), pre)
+    out.append(f"- P1 ({PRIMARY} - the pretrained model, best-of-1 on the same seed, at {points[-1]}): "
+               f"{_interval(*p1)}: {'holds' if p1[1] > 0 else 'does not hold'}.")
+    gap = paired(at("ddpo", last), at(PRIMARY, last))
+    nll_gap = paired(nll(PRIMARY), nll("ddpo"))
+    out.append(f"- P2 (DDPO - {PRIMARY} at {points[-1]}): reward {_interval(*gap)}, NLL {PRIMARY} - DDPO "
+               f"{_interval(*nll_gap)}: {'holds' if gap[1] > 0 and nll_gap[2] < 0 else 'does not hold'}.")
+    first_gap, last_gap = at("ddpo", 0), at("ddpo", last)
+    p_first, p_last = at(PRIMARY, 0), at(PRIMARY, last)
+    shrink = t_interval([(last_gap[s] - p_last[s]) - (first_gap[s] - p_first[s]) for s in REPORTED_SEEDS
+                         if all(s in d for d in (first_gap, last_gap, p_first, p_last))])
+    out.append(f"- P3 (the DDPO - {PRIMARY} gap at {points[-1]} minus at {points[0]}): {_interval(*shrink)}: "
+               f"{'holds' if shrink[2] < 0 else 'does not hold'}.")
+    p4 = paired(at(PRIMARY, last), at("standard_ft_official", last))
+    out.append(f"- P4 ({PRIMARY} - standard_ft_official at {points[-1]}): {_interval(*p4)}: "
+               f"{'holds' if p4[1] > 0 else 'does not hold'}.")
+    out.append("- Seed-paired median-reward gaps by budget (VIDD - other) and the NLL gap at the last point (lower: "
+               "closer to the data):")
+    wins = []
+    for vidd in VIDD_FAMILY:
+        for other in ("ddpo", "rw_mle", "standard_ft_official"):
+            gaps = [paired(at(vidd, i), at(other, i)) for i in range(len(points))]
+            n_gap = paired(nll(vidd), nll(other))
+            out.append(f"  - {vidd} - {other}: " + "; ".join(f"{q}: {_interval(*g)}" for q, g in zip(points, gaps))
+                       + f"; NLL {_interval(*n_gap)} ({_verdict(n_gap[1], n_gap[2])}).")
+            if other != "standard_ft_official":
+                wins += [(vidd, other, q) for q, g in zip(points, gaps) if g[1] > 0 and n_gap[2] < 0]
+    answer = ("yes: " + ", ".join(f"{v} over {o} at {q}" for v, o, q in wins)) if wins else (
+        "no: at no budget here does a VIDD variant have a reward interval above DDPO's or RW-MLE's together with a "
+        "lower NLL")
+    out.append(f"- **Does VIDD beat DDPO and RW-MLE at a lower NLL at any budget here?** {answer}.")
+    out.append("- Caveat: orrery's DDPO takes theta_old = theta (an unclipped policy gradient); the paper's DDPO "
+               "compares consecutive iterates under a 1e-4 clip, which switches much of its gradient off "
+               "(`algos/vidd/README.md`). The DDPO here is likely the stronger of the two.")
     return out
+
