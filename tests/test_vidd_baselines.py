@@ -146,6 +146,7 @@ METHOD_VARIANTS = [
     ("ddpo", {"ddpo_clip": 1e-4, "ddpo_inner_steps": 1}),
     ("ddpp", {"beta": 0.5}),
     ("rw_mle", {}),
+    ("ddpo", {"ddpo_clip": 1e-4, "ddpo_inner_steps": 1, "ddpo_variant": "official"}),
 ]
 
 
@@ -172,3 +173,50 @@ def test_new_methods_raise_the_reward_on_the_tiny_space(method, overrides):
     tuned = finetune(method, pre, count_of_twos, cfg, seed=0).model
     _, p_tuned = exact_sample_distribution(tuned, L, T)
     assert float((p_tuned * rewards).sum()) > float((p_pre * rewards).sum()) + 0.05
+
+
+def test_the_official_ddpos_old_policy_is_the_previous_iterations():
+    """previous_iterate: theta_0, theta_0, theta_1, theta_2, ... (the released code skips the swap after iteration 0)."""
+    from algos.vidd.finetune import frozen_copy
+    policy, holder, seen = tiny_pretrained(), None, []
+    for value in (0.0, 1.0, 2.0, 3.0):  # theta_e: every weight set to e at the start of iteration e
+        with torch.no_grad():
+            for p in policy.parameters():
+                p.fill_(value)
+        holder = holder or frozen_copy(policy)  # the loop's copy of the starting policy
+        old = ddpo.previous_iterate(holder, policy)
+        seen.append(next(old.parameters()).flatten()[0].item())
+    assert seen == [0.0, 0.0, 1.0, 2.0]
+
+
+def test_official_ddpo_log_probs_and_its_clip_gate():
+    """x0_mean_log_probs: the position-mean of log p(x0 | x_t) over masked positions (zero at a fully unmasked step);
+    the clip gate: with advantages that all push up probabilities that already rose past 1 + clip against theta_old,
+    the official step leaves the policy unchanged, while the orrery variant (ratio 1) moves it."""
+    from algos.vidd.mdlm import x0_log_probs
+    V = 3
+    favour = lambda token: torch.full((L, V), 0.0).index_fill_(1, torch.tensor([token]), 4.0)  # noqa: E731
+    policy, old = TableDenoiser(favour(2)), TableDenoiser(favour(0))
+    states = sample(policy, 6, L, T, torch.Generator().manual_seed(0), record_trajectory=True).states
+    every = torch.arange(T + 1).expand(6, T + 1)
+    lp = ddpo.x0_mean_log_probs(policy, states, every)
+    manual = x0_log_probs(policy, states[0]).gather(-1, states[-1].unsqueeze(-1)).squeeze(-1).mean(-1)
+    torch.testing.assert_close(lp[:, 0], manual)  # x_T is all masks: every position counts
+    assert torch.equal(lp[:, -1], torch.zeros(6))  # x_0 has no masked position left
+    gain = lp - ddpo.x0_mean_log_probs(old, states, every)
+    # precondition: every ratio against theta_old is above 1 + clip, or 1 at a step with nothing masked (no gradient)
+    assert ((gain > 1e-2) | (lp == 0)).all() and (gain > 1e-2).any()
+    cfg = VIDDConfig(num_sampling_steps=T, timesteps_per_trajectory=T, ddpo_clip=1e-4, ddpo_inner_steps=1,
+                     ddpo_variant="official", lr=1e-2)
+    before = policy.logits.detach().clone()
+    opt = torch.optim.Adam(policy.parameters(), lr=1e-2)
+    up = torch.ones(6)
+    ddpo.ddpo_update(policy, opt, states, up, cfg, torch.Generator().manual_seed(0), old_policy=old)
+    assert torch.equal(before, policy.logits), "the clip let a gradient through"
+    ddpo.ddpo_update(policy, opt, states, up, dataclasses.replace(cfg, ddpo_variant="orrery"),
+                     torch.Generator().manual_seed(0))
+    assert not torch.equal(before, policy.logits)
+    with pytest.raises(ValueError, match="old_policy"):
+        ddpo.ddpo_update(policy, opt, states, up, cfg, torch.Generator().manual_seed(0))
+    with pytest.raises(ValueError, match="ddpo_variant"):
+        VIDDConfig(ddpo_variant="official", ddpo_inner_steps=2)

@@ -69,6 +69,8 @@ CASES: dict[str, list[tuple[str, tuple[str, ...], str, str]]] = {
                    "0.2", "iterations")],
     "ddpo_inner_steps": [("vidd_dna", ("experiment.method=ddpo",), "2", "iterations")],
     "ddpo_lr": [("vidd_dna", ("experiment.method=ddpo",), "0.01", "iterations")],
+    "ddpo_variant": [("vidd_dna", ("experiment.method=ddpo",), "official", "iterations"),
+                     ("vidd_dna", ("experiment.method=ddpo", "experiment.ddpo_inner_steps=2"), "official", REFUSED)],
     "method": [("vidd_dna", (), "ddpo", "iterations")],
     "reward": [("vidd_dna", (), "motif_sites", "iterations")],
     "dna_release": [("vidd_dna", (), "JASPAR2022", "iterations"), ("vidd_molecule", (), "JASPAR2022", REFUSED)],

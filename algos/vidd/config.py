@@ -99,6 +99,7 @@ class VIDDConfig:
     ddpo_clip: float = 0.2
     ddpo_inner_steps: int = 2
     ddpo_lr: float | None = None  # None = lr
+    ddpo_variant: str = "orrery"  # "official": theta_old = the previous iteration's policy, x0 log-probs (ddpo.py)
     # DDPP baseline: roll-ins from the current policy with probability beta, else p_pre (the DNA script: 0, p_pre only);
     # log Z(x_t) estimated by v(x_t) / alpha with v = r(x0hat(x_t; p_pre)) as in the released code
     # best-of-N baseline: number of selected outputs; N = query_budget // best_of_n_outputs
@@ -119,6 +120,10 @@ class VIDDConfig:
         for name in ("lr", "grad_clip", "ddpo_clip"):
             check(getattr(self, name) > 0, name, "must be > 0")
         check(self.ddpo_lr is None or self.ddpo_lr > 0, "ddpo_lr", "must be > 0 or None")
+        check(self.ddpo_variant in ("orrery", "official"), "ddpo_variant", "must be 'orrery' or 'official'")
+        check(self.ddpo_variant != "official" or self.ddpo_inner_steps == 1, "ddpo_variant",
+              f"'official' takes ddpo_inner_steps=1 (its theta_old is the previous iteration's; ddpo_inner_steps "
+              f"is {self.ddpo_inner_steps})")
         check(self.value_estimator in ("one_step", "greedy"), "value_estimator", "must be 'one_step' or 'greedy'")
         check(self.value_scheme in VALUE_SCHEMES_ALL, "value_scheme", f"must be one of {VALUE_SCHEMES_ALL}")
         if self.value_scheme == "custom":

@@ -139,7 +139,8 @@ def finetune(
             iteration -= 1
             break
         if method == "ddpo":
-            metrics = ddpo_iteration(student, optimizer, counter, cfg, generator, sample_fn)
+            old = ddpo.previous_iterate(teacher, student) if cfg.ddpo_variant == "official" else None
+            metrics = ddpo_iteration(student, optimizer, counter, cfg, generator, sample_fn, old)
         elif method in ("ddpp", "rw_mle") or cfg.distill_target == "final_sample":
             metrics = x0_iteration(method, student, pre, teacher, optimizer, counter, cfg, generator, sample_fn)
         else:
@@ -242,14 +243,17 @@ def ddpo_iteration(
     cfg: VIDDConfig,
     generator: torch.Generator,
     sample_fn: SampleFn,
+    old_policy: nn.Module | None = None,
 ) -> dict:
-    """Sample from the current policy, score ``x_0`` (one query per distinct sample), PPO-clip updates."""
+    """Sample from the current policy, score ``x_0`` (one query per distinct sample), PPO-clip updates
+    (``old_policy``: the official variant's theta_old)."""
     n = int(min(cfg.batch_size, reward_fn.remaining))
     states = sample_fn(policy, n, policy.seq_len, cfg.num_sampling_steps, generator, record_trajectory=True).states
     rewards, _ = reward_fn(states[-1])
     finite = rewards[torch.isfinite(rewards)]
     metrics: dict = {"reward_mean": finite.mean().item() if len(finite) else float("nan"),
                      "reward_max": finite.max().item() if len(finite) else float("nan"), "trajectories": float(n)}
-    metrics.update(ddpo.ddpo_update(policy, optimizer, states, ddpo.normalized_advantages(rewards), cfg, generator))
+    metrics.update(ddpo.ddpo_update(policy, optimizer, states, ddpo.normalized_advantages(rewards), cfg, generator,
+                                    old_policy))
     metrics.setdefault("transitions", float(n * cfg.steps_per_trajectory))
     return metrics

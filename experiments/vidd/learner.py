@@ -206,8 +206,10 @@ def ddpo_step(learner: Learner, it: int, row: dict) -> list[dict]:
     learner.student.train()
     states, rewards, results = ddpo_trajectories(learner.pool, learner.sampler_config, learner.weights_key,
                                                  int(min(share, budget)), seed, learner.n_requests)
+    # the official variant's theta_old rides in the (checkpointed) teacher, which DDPO has no other use for
+    old = ddpo.previous_iterate(learner.teacher, learner.student) if learner.cfg.ddpo_variant == "official" else None
     metrics = ddpo.ddpo_update(learner.model, learner.optimizer, states, ddpo.normalized_advantages(rewards),
-                               learner.cfg, torch.Generator().manual_seed(seed))
+                               learner.cfg, torch.Generator().manual_seed(seed), old)
     finite = rewards[torch.isfinite(rewards)]
     row.update(metrics, train_reward_mean=float(finite.mean()) if len(finite) else float("nan"),
                trajectories=float(len(rewards)))
