@@ -66,6 +66,14 @@ METHODS: dict[str, tuple[str, dict, str, bool]] = {
     "rw_mle": ("rw_mle", dict(standardize_weights=False), "one", True),
     "ddpp": ("ddpp", dict(beta=0.5), "one", True),
 }
+# Declared 2026-12-05 ~20:20 UTC, after a line-by-line read of the official code found that orrery's ``ddpo`` is not the
+# released DDPO (theta_old = theta, where the released code compares with the previous iteration under its 1e-4 clip:
+# algos/vidd/README.md), and before any of its units ran: the released DDPO as an appendix method, tuned on the same
+# grid and seeds, run after every unit of the table above (its rows and comparisons appear when all its seeds are in).
+APPENDIX: dict[str, tuple[str, dict, str, bool]] = {
+    "ddpo_official": ("ddpo", dict(ddpo_clip=1e-4, ddpo_inner_steps=1, ddpo_variant="official"), "ddpo", False),
+}
+ALL_METHODS = {**METHODS, **APPENDIX}
 VIDD_FAMILY = ("vidd_official", "vidd_alg1")  # iterative: teacher refreshes asserted
 
 # Declared before any unit ran. The gate decides whether the section may read a claim at all.
@@ -89,6 +97,7 @@ SIZES = dict(seq_len=100, n_train=4000, n_heldout=500, d_model=64, n_layers=2, n
 # samples. (At 200 bp / batch 16: vidd_official 11.4 s, ddpo 25.7 s: hence the 100-bp cut.) Rates rounded up ~30 %;
 # DDPP is assumed to cost what RW-MLE does (same roll-ins, one value query more per trajectory).
 COST_PER_QUERY_S = {"vidd_official": 0.008, "vidd_alg1": 0.008, "standard_ft_official": 0.008, "ddpo": 0.03,
+                    "ddpo_official": 0.04,  # ddpo's rate + theta_old's forward pass (estimate)
                     "rw_mle": 0.02, "ddpp": 0.025}
 EVAL_S = 5.0  # one evaluation (sampling, two oracles, NLL) of <= 128 samples
 COST_S = {"pretrain": 268.0, "best_of_n": 400.0}  # pretrain: vidd_dna's measured stage; best-of-N: 128 x 64 samples
@@ -103,7 +112,7 @@ def name_of(x: float) -> str:
 
 
 def grid_of(method: str) -> list[tuple[float, float | None]]:
-    return [(lr, a) for lr in LRS for a in (ALPHAS if METHODS[method][3] else (None,))]
+    return [(lr, a) for lr in LRS for a in (ALPHAS if ALL_METHODS[method][3] else (None,))]
 
 
 def tune_name(method: str, lr: float, alpha: float | None, seed: int) -> str:
@@ -114,7 +123,7 @@ def method_config(ctx: UnitContext | None, method: str, lr: float, alpha: float 
                   spec: TaskSpec | None = None):
     """The VIDDConfig of ``method`` at one grid cell and budget (``spec``: this study's unless given)."""
     spec = spec or SPEC
-    algo, overrides, steps, _ = METHODS[method]
+    algo, overrides, steps, _ = ALL_METHODS[method]
     size = lambda key: spec.size(ctx, key)  # noqa: E731
     k = {"all": None, "ddpo": size("ddpo_steps"), "one": 1}[steps]
     fields = {**BASE, **overrides, "lr": lr, "timesteps_per_trajectory": k, "query_budget": budget}
@@ -151,6 +160,18 @@ def build_units() -> list[Unit]:
         for method in METHODS:
             plan.append(Unit(f"{method}-s{seed}", "report", method, seed, mod + "budget_unit",
                              setting={"method": method}, after=("pretrain", *tunes[method]),
+                             est_core_s=unit_cost(method, SIZES["budget"], len(FRACTIONS))))
+    for method in APPENDIX:  # after the whole table (see APPENDIX)
+        names = []
+        for seed in TUNE_SEEDS:
+            for lr, alpha in grid_of(method):
+                plan.append(Unit(tune_name(method, lr, alpha, seed), "tune", method, seed, mod + "budget_unit",
+                                 setting={"method": method, "lr": lr, "alpha": alpha}, after=("pretrain",),
+                                 est_core_s=unit_cost(method, SIZES["tune_budget"], 1)))
+                names.append(plan[-1].name)
+        for seed in REPORTED_SEEDS:
+            plan.append(Unit(f"{method}-s{seed}", "report", method, seed, mod + "budget_unit",
+                             setting={"method": method}, after=("pretrain", *names),
                              est_core_s=unit_cost(method, SIZES["budget"], len(FRACTIONS))))
     return plan
 
@@ -243,7 +264,7 @@ def budget_unit(ctx: UnitContext) -> dict:
             ctx.progress(metrics["reward_queries"], budget, "queries", iteration=iteration)
 
     t0 = time.perf_counter()
-    result = finetune(METHODS[method][0], task.pre, task.reward, cfg, seed=int(ctx.seed), log_fn=log_fn,
+    result = finetune(ALL_METHODS[method][0], task.pre, task.reward, cfg, seed=int(ctx.seed), log_fn=log_fn,
                       eval_fn=eval_fn if milestones else None, eval_at_queries=milestones, final_eval=False)
     train_s = time.perf_counter() - t0
     final = task.evaluate(result.model, ctx.seed, n_eval, stream=0)
@@ -277,7 +298,7 @@ def report(records: list[dict], out_dir: Path) -> str:
     """The study's RESULTS.md section, from its records alone (synthetic records in the tests)."""
     by_unit = {r["unit"]: r for r in records}
     plan = build_units()
-    reported = [u for u in plan if u.role == "report"]
+    reported = [u for u in plan if u.role == "report" and u.method not in APPENDIX]  # the declared table
     n_done = sum(u.name in by_unit for u in reported)
     budget = next((r["config"]["query_budget"] for r in records if r.get("role") == "report" and "config" in r),
                   SIZES["budget"])
@@ -293,7 +314,7 @@ def report(records: list[dict], out_dir: Path) -> str:
     header = "| method | " + " | ".join(f"reward @{q}" for q in points) + " | NLL @" + str(points[-1]) + " |"
     lines += ["### Median training reward against oracle queries (mean [95 % CI] over seeds 10-14)", "", header,
               "|" + "---|" * (len(points) + 2)]
-    for method in METHODS:
+    for method in ALL_METHODS:
         recs = [by_unit[f"{method}-s{s}"] for s in REPORTED_SEEDS if f"{method}-s{s}" in by_unit]
         if not recs:
             continue
@@ -313,7 +334,7 @@ def report(records: list[dict], out_dir: Path) -> str:
     lines += ["", "### Diagnostics (mean over iterations, then over reported seeds)", "",
               "| method | transitions / iteration | transitions / refresh | ESS | ESS fraction | mean abs(w-1) | "
               "min group |", "|---|---|---|---|---|---|---|"]
-    for method in METHODS:
+    for method in ALL_METHODS:
         diags = [by_unit[f"{method}-s{s}"].get("diagnostics", {}) for s in REPORTED_SEEDS
                  if f"{method}-s{s}" in by_unit]
         if not diags:
@@ -325,7 +346,7 @@ def report(records: list[dict], out_dir: Path) -> str:
             "weight_abs_dev_mean", "group_size_min")) + " |")
     lines += ["", "### Tuning (chosen cell per method, from its reported records)", "", "| method | lr | alpha | "
               "met the NLL ceiling |", "|---|---|---|---|"]
-    for method in METHODS:
+    for method in ALL_METHODS:
         rec = next((by_unit[f"{method}-s{s}"] for s in REPORTED_SEEDS if f"{method}-s{s}" in by_unit), None)
         if rec and "tuning" in rec:
             ch = rec["tuning"]["chosen"]
@@ -390,8 +411,9 @@ def _reading(by_unit: dict, points: list[int]) -> list[str]:
     out.append("- Seed-paired median-reward gaps by budget (VIDD - other) and the NLL gap at the last point (lower: "
                "closer to the data):")
     wins = []
+    appendix = tuple(m for m in APPENDIX if all(f"{m}-s{s}" in by_unit for s in REPORTED_SEEDS))
     for vidd in VIDD_FAMILY:
-        for other in ("ddpo", "rw_mle", "standard_ft_official"):
+        for other in ("ddpo", "rw_mle", "standard_ft_official", *appendix):
             gaps = [paired(at(vidd, i), at(other, i)) for i in range(len(points))]
             n_gap = paired(nll(vidd), nll(other))
             out.append(f"  - {vidd} - {other}: " + "; ".join(f"{q}: {_interval(*g)}" for q, g in zip(points, gaps))
@@ -402,8 +424,10 @@ def _reading(by_unit: dict, points: list[int]) -> list[str]:
         "no: at no budget here does a VIDD variant have a reward interval above DDPO's or RW-MLE's together with a "
         "lower NLL")
     out.append(f"- **Does VIDD beat DDPO and RW-MLE at a lower NLL at any budget here?** {answer}.")
-    out.append("- Caveat: orrery's DDPO takes theta_old = theta (an unclipped policy gradient); the paper's DDPO "
+    out.append("- Caveat: orrery's `ddpo` takes theta_old = theta (an unclipped policy gradient); the released DDPO "
                "compares consecutive iterates under a 1e-4 clip, which switches much of its gradient off "
-               "(`algos/vidd/README.md`). The DDPO here is likely the stronger of the two.")
+               "(`algos/vidd/README.md`): " + ("`ddpo_official` above is that form (appendix, declared after the "
+                                               "read)." if appendix else "its appendix units (`ddpo_official`) have "
+                                               "not all run yet."))
     return out
 
