@@ -250,7 +250,8 @@ def start_accepted(check: dict, env_steps: int, cap: int = PRETRAIN_CAP) -> tupl
         return False, f"the start model does not hold at {env_steps} env steps, under the {cap} cap: pretrain more"
     if spread <= HOLD_SPREAD and kept >= CAP_CONTROL_KEEP:
         return True, (f"accepted at the {cap // 1000}k cap: spread {spread:.1%} <= {HOLD_SPREAD:.0%}, the no-change "
-                      f"control kept {kept:.1%} (< the {CONTROL_KEEP:.0%} bar, >= {CAP_CONTROL_KEEP:.0%})")
+                      f"control kept {kept:.1%} (< the {CONTROL_KEEP:.0%} bar, >= {CAP_CONTROL_KEEP:.0%}: the share a "
+                      f"change must cost the policy to count as one, so no change is mistaken for this loss)")
     return False, (f"the start model does not hold at the cap: spread {spread:.1%} (limit {HOLD_SPREAD:.0%}), "
                    f"the no-change control kept {kept:.1%} (at the cap the floor is {CAP_CONTROL_KEEP:.0%})")
 
@@ -413,7 +414,7 @@ def superseded_lines(out_dir: Path) -> list[str]:
         lines.append("- the room gates on the 300k model first ran with orrery's old convergence reference (a gain "
                      "measured from the lowest check, not LIFT's last counted gain): "
                      + ", ".join(f"{k.removeprefix('room-')} refit / frozen {m['ratio']:.2f}x"
-                                 for k, m in rooms.items()) + "; run again with LIFT's rule (table above).")
+                                 for k, m in rooms.items()) + "; run again with LIFT's rule and the rollout fixes (table above).")
     return lines + [""]
 
 
