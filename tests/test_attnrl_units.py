@@ -167,6 +167,22 @@ def test_adaptive_batch_size_formula():
     assert adaptive_batch_size(2, valid=10_000, target=240, min_size=2) == 2
 
 
+def test_dual_clip_caps_a_negative_advantages_loss_at_c_times_its_size():
+    """verl's dual clip (the released code's clip_ratio_c 3.0): ratio 5 on A = -1 costs 3, not 5, and sends no
+    gradient; ratio 2 on A = -1 (under c) and every positive advantage are as before; None turns it off."""
+    lp = torch.tensor([[math.log(5.0), math.log(2.0), math.log(5.0)]], requires_grad=True)
+    old, mask = torch.zeros(1, 3), torch.ones(1, 3)
+    adv = torch.tensor([[-1.0, -1.0, 1.0]])
+    loss, _ = ppo_clip_loss(lp, old, adv, mask, kl_coef=0.0)
+    assert loss.item() == pytest.approx((3.0 + 2.0 - 1.28) / 3)
+    loss.backward()
+    assert lp.grad[0, 0].item() == 0.0 and lp.grad[0, 1].item() != 0.0
+    off, _ = ppo_clip_loss(lp.detach(), old, adv, mask, kl_coef=0.0, clip_ratio_c=None)
+    assert off.item() == pytest.approx((5.0 + 2.0 - 1.28) / 3)
+    with pytest.raises(ValueError, match="clip_ratio_c"):
+        ppo_clip_loss(lp.detach(), old, adv, mask, clip_ratio_c=1.0)
+
+
 def test_ppo_clip_loss_by_hand():
     lp = torch.tensor([[math.log(1.5), math.log(0.5), 0.0]], requires_grad=True)
     old = torch.zeros(1, 3)

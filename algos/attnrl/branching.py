@@ -23,8 +23,13 @@ def select_branch_points(step_scores: Sequence[float], step_starts: Sequence[int
     threshold is 0 the smallest positive score is used). Candidates are visited earliest first and accepted if
     their first token is at least ``min_token_distance`` tokens from the response start and from every accepted
     point; the first response step is never a candidate (branching there is just another fresh sample). If fewer
-    than ``num_points`` are accepted, the earliest remaining steps fill up (no distance check), as in the
-    reference code. ``step_scores[0]`` is the prompt; ``step_starts[i]`` is where response step i + 1 begins.
+    than ``num_points`` are accepted, the earliest remaining steps fill up (no distance check).
+    ``step_scores[0]`` is the prompt; ``step_starts[i]`` is where response step i + 1 begins.
+
+    Departures from the released code (``attnrl_core_algos.py``; ``algos/attnrl/README.md``): it measures the distance
+    from the sequence start, prompt included, and from the *end* of an accepted step (``:671-682``), so with short
+    prompts it accepts earlier steps than this rule; and when too few steps qualify it repeats a step until N points
+    exist (``:718``), where this returns fewer (a two-step response gets 1 point, not 2).
     """
     if not 0.0 < rho <= 1.0:
         raise ValueError(f"rho must be in (0, 1], got {rho}")
@@ -56,7 +61,9 @@ def select_entropy_branch_points(entropies: Sequence[float], num_points: int, mi
                                  forbid_last: bool = True) -> list[int]:
     """Response offsets of the ``num_points`` highest-entropy tokens, at least ``min_token_distance`` from the
     response start and from each other; the continuation resamples from that token on. Offset 0 (a fresh sample)
-    and, with ``forbid_last``, the final (end) token are never chosen. Returned sorted."""
+    and, with ``forbid_last``, the final (end) token are never chosen. Returned sorted. (The released TreeRL-style
+    rule, ``attnrl_core_algos.py:645``, is a plain top-k over ``entropies[:-1]``: no distance rule, offset 0
+    allowed; at the laptop's distance 1 the two differ only in offset 0.)"""
     if num_points < 0 or min_token_distance < 1:
         raise ValueError("num_points must be >= 0 and min_token_distance >= 1")
     last = len(entropies) - 1 if forbid_last else len(entropies)

@@ -50,10 +50,11 @@ class RLConfig:
     temperature: float = 1.0
     max_response_tokens: int | None = None  # None -> task.max_response_chars()
     lr: float = 1e-4  # paper 1e-6 for a 1.5B model
-    ppo_minibatch: int = 64  # sequences per gradient step
+    ppo_minibatch: int = 64  # sequences per gradient step (verl counts prompts: its 32 x n = 6 is 192 sequences)
     ppo_epochs: int = 1
     clip_low: float = 0.2
     clip_high: float = 0.28
+    clip_ratio_c: float | None = 3.0  # verl's dual clip (the released code's 3.0); None: off
     kl_coef: float = 1e-3
     grad_clip: float = 1.0
     token_budget: int = 100_000  # generated tokens, counted exactly, all calls included
@@ -73,6 +74,8 @@ class RLConfig:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.samples_per_prompt < 2:
             raise ValueError("samples_per_prompt must be >= 2 (group baselines need two samples)")
+        if self.clip_ratio_c is not None and self.clip_ratio_c <= 1.0:
+            raise ValueError(f"clip_ratio_c must be > 1 (or null: no dual clip), got {self.clip_ratio_c}")
         if self.branch_points < 0:
             raise ValueError(f"branch_points must be >= 0, got {self.branch_points}")
         if not 0.0 < self.rho <= 1.0:

@@ -70,9 +70,12 @@ def low_var_kl(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tens
 
 def ppo_clip_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor,
                   mask: torch.Tensor, ref_logprobs: torch.Tensor | None = None, clip_low: float = 0.2,
-                  clip_high: float = 0.28, kl_coef: float = 1e-3,
-                  token_count: int | None = None) -> tuple[torch.Tensor, dict[str, float]]:
-    """AttnRL Eq. 1: -min(rho A, clip(rho, 1 - eps_low, 1 + eps_high) A), mean over masked tokens, + kl_coef KL.
+                  clip_high: float = 0.28, kl_coef: float = 1e-3, token_count: int | None = None,
+                  clip_ratio_c: float | None = 3.0) -> tuple[torch.Tensor, dict[str, float]]:
+    """AttnRL Eq. 1: -min(rho A, clip(rho, 1 - eps_low, 1 + eps_high) A), mean over masked tokens, + kl_coef KL;
+    with ``clip_ratio_c`` verl's dual clip, which the released code runs (``core_algos.py:611-615``,
+    ``clip_ratio_c: 3.0``): a negative advantage's token loss is at most -c A, so a stale sample whose ratio ran far
+    up cannot drive the step.
 
     All tensors are (B, T); ``advantages`` are per token (a tree path carries each node's advantage on that
     node's tokens). ``token_count`` divides the sums instead of this batch's token count: a micro-batch of a larger
@@ -81,6 +84,8 @@ def ppo_clip_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages
     """
     if clip_low < 0 or clip_high < 0:
         raise ValueError(f"clip ranges must be >= 0, got clip_low={clip_low}, clip_high={clip_high}")
+    if clip_ratio_c is not None and clip_ratio_c <= 1.0:
+        raise ValueError(f"clip_ratio_c must be > 1 (or None), got {clip_ratio_c}")
     mask = mask.to(logprobs.dtype)
     if token_count is None:
         n_tokens = mask.sum().clamp(min=1.0)
@@ -90,6 +95,8 @@ def ppo_clip_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages
     unclipped = ratio * advantages
     clipped = ratio.clamp(1.0 - clip_low, 1.0 + clip_high) * advantages
     pg = -torch.minimum(unclipped, clipped)
+    if clip_ratio_c is not None:
+        pg = torch.where(advantages < 0, torch.minimum(pg, -advantages * clip_ratio_c), pg)
     pg_loss = (pg * mask).sum() / n_tokens
     loss = pg_loss
     metrics = {
@@ -202,7 +209,7 @@ def _train(policy: Policy, ref: Policy, optimizer: torch.optim.Optimizer, sequen
                 w = scores.logprobs.shape[1]
                 loss, part = ppo_clip_loss(scores.logprobs, old_lp[rows, :w], adv[rows, :w], scores.mask,
                                            ref_lp[rows, :w], cfg.clip_low, cfg.clip_high, cfg.kl_coef,
-                                           token_count=minibatch_tokens)
+                                           token_count=minibatch_tokens, clip_ratio_c=cfg.clip_ratio_c)
                 loss.backward()
                 for k, v in part.items():
                     m[k] = m.get(k, 0.0) + v

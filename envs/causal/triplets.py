@@ -1,9 +1,15 @@
-"""One conditional independence question with known answer (the post-nonlinear design of the E-CIT paper):
+"""One conditional independence question with known answer, a post-nonlinear design *in the style of* the E-CIT
+paper's (not its generator):
 
     Z ~ N(0, I_dz),  X = f1(Z a + e_x),  Y = f2(Z b + e_y + c X)
 
 with f1, f2 drawn from {x, tanh, sin, x^3 / 3 (cubic, on the standardised argument)}, a, b ~ U(0, 1) normalised to sum
 1, noise e from ``noise``. Null (X _||_ Y | Z): c = 0; alternative: c = ``effect``.
+
+The released generator (GuanZhengkang/ECIT ``ecit/utils.py:4-13,130-154``) draws f from {x^2, x^3, tanh, cos} on the
+raw (unstandardised) argument, uses X -> Y coefficient 1 on raw X and raw t noise (t2 by default); orrery's
+standardised arguments, effect 0.5 on standardised X and unit-variance t3 keep every draw on one scale. Type-I error
+and power here are this design's, not comparable number for number with the paper's (``algos/ecit/README.md``).
 """
 from __future__ import annotations
 
