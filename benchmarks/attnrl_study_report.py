@@ -467,7 +467,9 @@ def report(records: list[dict], out_dir: Path) -> str:
              f"per difficulty greedy, the {study.EVAL['per_difficulty'] + study.EVAL['longest_extra']} longest "
              f"problems x {study.EVAL['samples']} samples at T = {study.EVAL['temperature']}: the primary metric). "
              f"Tuning seed(s) {list(study.TUNING_SEEDS)}, lr grid {list(study.LR_GRID)}; reported seeds 10-14 (oracle "
-             "and the two AttnRL ablations: 10-11).", ""]
+             "and the two AttnRL ablations: 10-11). The units ran before orrery added verl's dual clip "
+             "(`clip_ratio_c` 3.0, the released setting); the other departures from the official code: "
+             "`algos/attnrl/README.md`.", ""]
     parts += sft_lines(sft, gate) + [""] + gate_lines(gate) + [""]
     probe = gate_probe_lines(units.get("gate-probe"))
     if probe:
