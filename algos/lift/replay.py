@@ -122,7 +122,9 @@ class ReplayBuffer:
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         specs = {name: (tuple(shape), _as_dtype(dtype)) for name, (shape, dtype) in state["specs"].items()}
         if state["capacity"] != self.capacity or specs != self.specs:
-            raise ValueError("buffer layout (capacity/specs) differs from the saved one")
+            raise ValueError(f"the saved buffer's layout differs from this one: capacity {state['capacity']} vs "
+                             f"{self.capacity}, fields {sorted(specs)} vs {sorted(self.specs)} (a checkpoint of "
+                             f"another version or setting: start the run afresh)")
         for name, saved in state["storage"].items():
             self.storage[name].zero_()
             self.storage[name][: state["size"]].copy_(saved)
