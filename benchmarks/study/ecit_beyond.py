@@ -424,6 +424,15 @@ def _reading(shift: dict, cpu_null: dict, by_n: dict[int, list[dict]], sachs: di
                        + ("its interval lies above the level" if v[1] > LEVEL else
                           f"its interval reaches the level (goal <= {GOAL['type1_k160']})"
                           + (" and the point estimate meets it" if v[0] <= GOAL["type1_k160"] else "")) + ".")
+        zs = [(by_n[n][0]["k"], shift[(n, "kci_lp")]) for n in sorted(by_n) if (n, "kci_lp") in shift]
+        if zs:
+            off = [k for k, d in zs if abs(d["mean"]) > GOAL["mean_z"]]
+            out.append("- **kci_lp's subset p-values in these runs** (the same null datasets): mean z "
+                       + ", ".join(f"{_z_cell(d)} at K = {k}" for k, d in zs)
+                       + (f"; outside +-{GOAL['mean_z']} at K = {', '.join(map(str, off))}"
+                          + (", on the conservative side (p-values a little large)" if all(
+                              d["mean"] < 0 for k, d in zs if k in off) else "") if off else
+                          f"; every point estimate within +-{GOAL['mean_z']}") + ".")
         bins = [(n, _pooled(by_n[n], "kci", "binomial0.05", "null")) for n in sorted(by_n)]
         above = [n for n, v in bins if v[1] > LEVEL]
         out.append("- **Tail count over the old sub-test** (binomial0.05 over kci subsets, valid if P(p <= 0.05) <= "
