@@ -434,11 +434,12 @@ def status_rows(which: str, paths: Paths) -> list[dict]:
         measured: dict[tuple, list[float]] = {}
         for r in records:
             measured.setdefault((r["role"], r["method"]), []).append(r["cpu_s"])
-            measured.setdefault((r["role"],), []).append(r["cpu_s"])
         left = 0.0
         in_progress = []
         for u in pending:
-            costs = measured.get((u.role, u.method)) or measured.get((u.role,))
+            # a method not measured yet keeps its declared estimate: another method's cost says nothing of it
+            # (lift_official's cheap SAC units had priced its LIFT units at a fifth)
+            costs = measured.get((u.role, u.method))
             cost = sum(costs) / len(costs) if costs and u.role != "stage" else u.est_core_s
             sidecar = paths.stage_sidecar(study.name, u.name)
             if sidecar.exists():
@@ -482,7 +483,7 @@ def format_status(rows: list[dict]) -> str:
                      f"  {r['start_sha']}" + _failed_note(r)
                      + (f"  stage in progress: {'; '.join(r['stages'])}" if r["stages"] else ""))
     total = sum(r.get("core_h_left", 0.0) for r in rows)
-    lines.append(f"core-hours left in all: {total:.2f} (measured cost per role and method where units finished, "
+    lines.append(f"core-hours left in all: {total:.2f} (measured cost per role and method where units of it finished, "
                  "declared estimates elsewhere)")
     return "\n".join(lines)
 
