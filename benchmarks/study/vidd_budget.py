@@ -408,8 +408,8 @@ def _reading(by_unit: dict, points: list[int]) -> list[str]:
     p4 = paired(at(PRIMARY, last), at("standard_ft_official", last))
     out.append(f"- P4 ({PRIMARY} - standard_ft_official at {points[-1]}): {_interval(*p4)}: "
                f"{'holds' if p4[1] > 0 else 'does not hold'}.")
-    out.append("- Seed-paired median-reward gaps by budget (VIDD - other) and the NLL gap at the last point (lower: "
-               "closer to the data):")
+    out.append("- Seed-paired median-reward gaps by budget (VIDD - other) and the NLL gap at the last point (the "
+               "pretrained model's NELBO of the samples; lower: more likely under it):")
     wins = []
     appendix = tuple(m for m in APPENDIX if all(f"{m}-s{s}" in by_unit for s in REPORTED_SEEDS))
     for vidd in VIDD_FAMILY:
