@@ -112,31 +112,28 @@ def ddpo_update(
     device = next(policy.parameters()).device
     states, advantages = states.to(device), advantages.to(device)
     policy.train()
-    if cfg.ddpo_variant == "official":
-        if old_policy is None:
-            raise ValueError("ddpo_variant='official' needs old_policy, the previous iteration's policy "
-                             "(algos.vidd.ddpo.previous_iterate)")
-        steps = torch.rand(n, T, generator=generator).argsort(dim=1)[:, :k].to(device)
-        with torch.no_grad():
-            old = x0_mean_log_probs(old_policy.to(device), states, steps)
-        loss, metrics = ppo_clip_loss(x0_mean_log_probs(policy, states, steps), old, advantages, cfg.ddpo_clip)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        metrics["grad_norm"] = float(nn.utils.clip_grad_norm_(policy.parameters(), cfg.grad_clip))
-        optimizer.step()
-        return metrics
-    # one inner step: theta_old is theta itself, the ratio is 1 with gradient grad log p, and the separate forward
-    # pass for theta_old's log-probabilities is skipped (the released code's theta_old is the previous iteration's
-    # model, so its 1e-4 clip gates the gradient: algos/vidd/README.md)
+    official = cfg.ddpo_variant == "official"
+    if official and old_policy is None:
+        raise ValueError("ddpo_variant='official' needs old_policy, the previous iteration's policy "
+                         "(algos.vidd.ddpo.previous_iterate)")
+    # orrery at one inner step: theta_old is theta itself, the ratio is 1 with gradient grad log p, and the separate
+    # forward pass for theta_old's log-probabilities is skipped (the released code's theta_old is the previous
+    # iteration's model, so its 1e-4 clip gates the gradient: algos/vidd/README.md); the official variant takes one
+    # inner step (VIDDConfig refuses more)
     old_log_p = None
-    if cfg.ddpo_inner_steps > 1:
+    if not official and cfg.ddpo_inner_steps > 1:
         with torch.no_grad():
             old_log_p = transition_log_probs(policy, states, torch.arange(T).expand(n, T))
     metrics: dict = {}
     for _ in range(cfg.ddpo_inner_steps):
         steps = torch.rand(n, T, generator=generator).argsort(dim=1)[:, :k].to(device)
-        log_p = transition_log_probs(policy, states, steps)
-        old = log_p.detach() if old_log_p is None else old_log_p.gather(1, steps)
+        if official:
+            with torch.no_grad():
+                old = x0_mean_log_probs(old_policy.to(device), states, steps)
+            log_p = x0_mean_log_probs(policy, states, steps)
+        else:
+            log_p = transition_log_probs(policy, states, steps)
+            old = log_p.detach() if old_log_p is None else old_log_p.gather(1, steps)
         loss, metrics = ppo_clip_loss(log_p, old, advantages, cfg.ddpo_clip)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
