@@ -142,39 +142,31 @@ def unit_cost(method: str, budget: int, n_evals: int) -> float:
 
 def build_units() -> list[Unit]:
     mod = f"benchmarks.study.{STUDY_NAME}:"
+
+    def tune_units(method: str) -> list[Unit]:
+        return [Unit(tune_name(method, lr, alpha, seed), "tune", method, seed, mod + "budget_unit",
+                     setting={"method": method, "lr": lr, "alpha": alpha}, after=("pretrain",),
+                     est_core_s=unit_cost(method, SIZES["tune_budget"], 1))
+                for seed in TUNE_SEEDS for lr, alpha in grid_of(method)]
+
+    def report_unit(method: str, seed: int, tunes: list[Unit]) -> Unit:
+        return Unit(f"{method}-s{seed}", "report", method, seed, mod + "budget_unit", setting={"method": method},
+                    after=("pretrain", *(u.name for u in tunes)),
+                    est_core_s=unit_cost(method, SIZES["budget"], len(FRACTIONS)))
+
     plan = [Unit("pretrain", "stage", "pretrain", None, "benchmarks.study.vidd_common:pretrain_stage",
                  est_core_s=COST_S["pretrain"])]
-    tunes: dict[str, list[str]] = {}
-    for method in METHODS:
-        for seed in TUNE_SEEDS:
-            for lr, alpha in grid_of(method):
-                u = Unit(tune_name(method, lr, alpha, seed), "tune", method, seed, mod + "budget_unit",
-                         setting={"method": method, "lr": lr, "alpha": alpha}, after=("pretrain",),
-                         est_core_s=unit_cost(method, SIZES["tune_budget"], 1))
-                plan.append(u)
-                tunes.setdefault(method, []).append(u.name)
+    tunes = {method: tune_units(method) for method in METHODS}
+    plan += [u for method in METHODS for u in tunes[method]]
     for seed in REPORTED_SEEDS:
         plan.append(Unit(f"best_of_n-s{seed}", "report", "best_of_n", seed,
                          "benchmarks.study.vidd_common:best_of_n_unit", setting={"n_max": SIZES["best_of_n_max"]},
                          after=("pretrain",), est_core_s=COST_S["best_of_n"]))
-        for method in METHODS:
-            plan.append(Unit(f"{method}-s{seed}", "report", method, seed, mod + "budget_unit",
-                             setting={"method": method}, after=("pretrain", *tunes[method]),
-                             est_core_s=unit_cost(method, SIZES["budget"], len(FRACTIONS))))
+        plan += [report_unit(method, seed, tunes[method]) for method in METHODS]
     for method in APPENDIX:  # after the whole table (see APPENDIX)
-        names = []
-        for seed in TUNE_SEEDS:
-            for lr, alpha in grid_of(method):
-                plan.append(Unit(tune_name(method, lr, alpha, seed), "tune", method, seed, mod + "budget_unit",
-                                 setting={"method": method, "lr": lr, "alpha": alpha}, after=("pretrain",),
-                                 est_core_s=unit_cost(method, SIZES["tune_budget"], 1)))
-                names.append(plan[-1].name)
-        for seed in REPORTED_SEEDS:
-            plan.append(Unit(f"{method}-s{seed}", "report", method, seed, mod + "budget_unit",
-                             setting={"method": method}, after=("pretrain", *names),
-                             est_core_s=unit_cost(method, SIZES["budget"], len(FRACTIONS))))
+        own = tune_units(method)
+        plan += own + [report_unit(method, seed, own) for seed in REPORTED_SEEDS]
     return plan
-
 
 STUDY = Study(name=STUDY_NAME, title=SPEC.title, units=build_units,
               start_files=lambda artifacts: [Path(artifacts) / BUNDLE], report=f"benchmarks.study.{STUDY_NAME}:report")
