@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from cluster.pool_worker import import_factory, config_digest
+from cluster.pool_worker import config_digest, import_factory
 
 
 class LocalPool:
@@ -43,7 +43,8 @@ class LocalPool:
             slot = -1 if affinity is None else int(affinity[i])
             entry = self.samplers.get((sampler, digest, slot))
             if entry is None:
-                entry = self.samplers[(sampler, digest, slot)] = [import_factory(self.factories[sampler])(dict(config)), {}]
+                instance = import_factory(self.factories[sampler])(dict(config))
+                entry = self.samplers[(sampler, digest, slot)] = [instance, {}]
             instance, loaded = entry
             if weights is not None:
                 version, value = self.weights[weights]

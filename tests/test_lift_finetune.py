@@ -79,7 +79,8 @@ def test_mixed_batches_hold_the_real_ratio_and_metrics_helpers():
     batch = mixed_sampler(real, model, 0.06, torch.Generator().manual_seed(0))(1000)
     assert batch["reward"].sum() == 60 and batch["obs"].shape == (1000, 2)
     assert batch["reward"][:500].sum() not in (0, 60), "rows must be shuffled (update cuts consecutive minibatches)"
-    noisy = lambda n: {"reward": torch.zeros(n), "obs": torch.full((n, 2), 5.0), "critic_obs": torch.zeros(n, 2)}  # noqa: E731
+    noisy = lambda n: {"reward": torch.zeros(n), "obs": torch.full((n, 2), 5.0),  # noqa: E731
+                       "critic_obs": torch.zeros(n, 2)}
     both = mixed_sampler(real, noisy, 0.5, torch.Generator().manual_seed(0))(100)
     real_rows = both["reward"] == 1  # real rows: the critic's view is their own obs; model rows keep their own
     assert (both["critic_obs"][real_rows] == 1).all() and (both["critic_obs"][~real_rows] == 0).all()

@@ -414,7 +414,8 @@ def superseded_lines(out_dir: Path) -> list[str]:
         lines.append("- the room gates on the 300k model first ran with orrery's old convergence reference (a gain "
                      "measured from the lowest check, not LIFT's last counted gain): "
                      + ", ".join(f"{k.removeprefix('room-')} refit / frozen {m['ratio']:.2f}x"
-                                 for k, m in rooms.items()) + "; run again with LIFT's rule and the rollout fixes (table above).")
+                                 for k, m in rooms.items())
+                     + "; run again with LIFT's rule and the rollout fixes (table above).")
     return lines + [""]
 
 
