@@ -151,6 +151,11 @@ def test_status_counts_done_pending_and_cost(tmp_path):
     from benchmarks.study.runner import load_study
     pending = [u for u in load_study(TOY).plan() if u.role == "report"]
     assert row["core_h_left"] == pytest.approx(sum(u.est_core_s for u in pending) / 3600)
+    # ... also when a report unit of another method was measured (an hour): its cost says nothing of theirs
+    other = Paths(tmp_path).results("toy") / "other-s10.json"
+    other.write_text(json.dumps({"unit": "other-s10", "role": "report", "method": "other", "cpu_s": 3600.0}))
+    (row,) = status_rows(TOY, Paths(tmp_path))
+    assert row["core_h_left"] == pytest.approx(sum(u.est_core_s for u in pending) / 3600)
     proc = subprocess.run([sys.executable, "-m", "benchmarks.study", "all", "status", "--results", str(tmp_path)],
                           cwd=ROOT, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
