@@ -113,7 +113,7 @@ def run_group(backend: str, device: str, world: int, start_method: str = "spawn"
             if p.is_alive():
                 p.kill()
                 p.join()
-    return sorted(reports)
+    return sorted(reports, key=lambda r: r[0])  # by rank alone: a failed rank's Nones do not order against floats
 
 
 def group_problem(reports: list[tuple], world: int, mixed: bool) -> str | None:

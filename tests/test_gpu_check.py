@@ -78,8 +78,9 @@ def test_a_row_that_raises_fails_with_the_error(setup, monkeypatch):
 # ------------------------------------------------------------------------------------------------ collectives
 
 def one_rank_groups(rank, world, backend, device, port, queue):
-    """The old check's bug: every process its own one-rank group (a collective that checks nothing)."""
-    gpu_rows._collective_worker(0, 1, backend, device, port + rank, queue)
+    """The old check's bug: every process its own one-rank group (a collective that checks nothing). Each takes a
+    free port of its own (``port + rank`` may be taken by another process, and that rank then reports an error)."""
+    gpu_rows._collective_worker(0, 1, backend, device, gpu_rows._free_port(), queue)
 
 
 def test_group_problem_names_what_is_wrong():
