@@ -130,16 +130,19 @@ def _tiny_tour() -> list[str]:
     return [*TINY, '+experiment.overrides.lift_pretrain=["experiment.checkpoint_every_updates=256"]']
 
 
-def test_tour_every_method_with_ddp_learners_on_one_pool(cluster):
-    """The main job at rehearsal structure: LIFT (pretrain -> finetune), VIDD and AttnRL drivers at once, each learner
-    2 DDP replicas asking for GPUs, on one pool spread over the nodes; the replicas end identical, each LIFT
-    pretraining rank checkpoints its own shard and replay, and each LIFT finetuning rank keeps (and checkpoints) its
-    own real env shard."""
+def test_tour_with_ddp_learners_on_one_pool(cluster):
+    """The main job at rehearsal structure: LIFT (pretrain -> finetune) and VIDD drivers at once, each learner 2 DDP
+    replicas asking for GPUs, on one pool spread over the nodes; the replicas end identical, each LIFT pretraining
+    rank checkpoints its own shard and replay, and each LIFT finetuning rank keeps (and checkpoints) its own real env
+    shard. AttnRL's 2 DDP ranks (identical, killed and resumed) are test_attnrl_cluster's and E-CIT's tour is
+    test_tour's, both on the session cluster: here they would add CPU time and no structure."""
     from cluster.metrics import read_metrics
     from tests.helpers import check_tour
-    cluster.run("experiment=tour", "run_name=t", *_tiny_tour(), timeout=1500)
+    methods = ["lift", "vidd"]
+    cluster.run("experiment=tour", f"experiment.methods=[{','.join(methods)}]", "run_name=t", *_tiny_tour(),
+                timeout=1500)
     tour = cluster.out / "tour" / "t"
-    check_tour(tour)
+    check_tour(tour, methods)
     runs = tour / "runs"
     import torch
 
@@ -172,10 +175,6 @@ def test_tour_every_method_with_ddp_learners_on_one_pool(cluster):
         ranks = [torch.load(ckpt / f"rank{r}.pt", weights_only=True) for r in (0, 1)]
         assert all(r["real_buffer"]["size"] == 300 for r in ranks), "each rank keeps its own shard's 300 steps"
         assert not torch.equal(ranks[0]["real_buffer"]["storage"]["obs"], ranks[1]["real_buffer"]["storage"]["obs"])
-    for method in ("attnrl", "grpo"):
-        last = RunDir(runs / "attnrl" / "attnrl").learner_checkpoints(f"learner-{method}")[-1]
-        shards = [json.loads((last / f"rank{r}.json").read_text()) for r in (0, 1)]
-        assert shards[0]["param_digest"] == shards[1]["param_digest"], (method, shards)
 
 
 VIDD_TINY = ["experiment.methods=[vidd,best_of_n]", "experiment.n_train=200", "experiment.n_heldout=20",
