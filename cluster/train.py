@@ -25,6 +25,7 @@ from ray.train.torch import TorchConfig, TorchTrainer
 log = logging.getLogger(__name__)
 
 REPORT_POLL_ENV = "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"  # Ray Train's name for the controller's poll interval
+PREEMPTION_WATCHER_ENV = "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER"
 
 
 @dataclass
@@ -47,6 +48,10 @@ class TrainConfig:
     # taken its previous one (Ray keeps one per rank), so at Ray's default of 2 s a learner that reports every update
     # runs at most one update per 2 s, and every fit ends up to 2 s late. Each poll is one actor call per rank.
     report_poll_s: float = 0.2
+    # Ray Train's preemption watcher: one more actor per learner, reading the nodes' preemption notices so that a
+    # learner on a preempted spot node fails with that reason. Nothing preempts a laptop's or an owned cluster's
+    # nodes, and on two cores each such process costs the learners CPU; scale=paper turns it on.
+    preemption_watcher: bool = False
 
     def __post_init__(self) -> None:
         if self.num_workers < 1:
@@ -137,8 +142,9 @@ def fit(train_fn: Callable[[dict], None], loop_config: dict[str, Any], *, name: 
         callbacks.append(tune_trial.LearnerReports(tune_trial.relay(), name))
     init = tune_trial.init_checkpoint_dir(storage_path, name)
     train_fn = functools.partial(_run_from, train_fn, str(init.resolve()) if init.is_dir() else None)
-    # Ray Train hands this variable from the driver to its controller when the run starts
+    # Ray Train hands these variables from the driver to its controller when the run starts
     os.environ[REPORT_POLL_ENV] = str(float(train.report_poll_s))
+    os.environ[PREEMPTION_WATCHER_ENV] = "1" if train.preemption_watcher else "0"
     trainer = TorchTrainer(
         train_fn,
         train_loop_config=loop_config,

@@ -46,17 +46,24 @@ def _toy_train_fn(config):
 def test_ddp_two_workers_identical_params_and_resume(ray_cluster, tmp_path):
     from cluster.train import fit
     from cluster.train import TrainConfig
+    from ray.util.state import list_actors
+
+    def watchers() -> int:
+        return len(list_actors(filters=[("class_name", "=", "PreemptionWatcher")], limit=10_000))
     train = TrainConfig(num_workers=2, cpus_per_worker=0.5, report_poll_s=0.3)
     out = tmp_path / "params"
     out.mkdir()
+    before = watchers()
     result = fit(_toy_train_fn, {"steps": 5, "out": str(out)}, name="toy", storage_path=tmp_path, train=train)
+    assert watchers() == before, "train.preemption_watcher=false (the default) starts no watcher actor"
     r0, r1 = (json.loads((out / f"rank{r}.json").read_text()) for r in (0, 1))
     assert r0["params"] == pytest.approx(r1["params"], abs=1e-7)
     assert r0["poll"] == r1["poll"] == "0.3", "the controller polls at train.report_poll_s (and hands it on)"
     assert result.metrics["step"] == 5 and result.checkpoint is not None
     result2 = fit(_toy_train_fn, {"steps": 3, "out": ""}, name="toy", storage_path=tmp_path,
-                  train=TrainConfig(num_workers=1, cpus_per_worker=0.5))
+                  train=TrainConfig(num_workers=1, cpus_per_worker=0.5, preemption_watcher=True))
     assert result2.metrics["step"] == 8, "the second fit must resume at step 5"
+    assert watchers() == before + 1, "train.preemption_watcher=true starts Ray Train's watcher"
 
 
 def test_train_config_refuses_a_poll_interval_out_of_range():
