@@ -46,10 +46,12 @@ def _toy_train_fn(config):
 def test_ddp_two_workers_identical_params_and_resume(ray_cluster, tmp_path):
     from cluster.train import fit
     from cluster.train import TrainConfig
+    import ray
     from ray.util.state import list_actors
+    session = ray.get_runtime_context().gcs_address  # by name: another lane's `ray start` nodes run beside this one
 
     def watchers() -> int:
-        return len(list_actors(filters=[("class_name", "=", "PreemptionWatcher")], limit=10_000))
+        return len(list_actors(address=session, filters=[("class_name", "=", "PreemptionWatcher")], limit=10_000))
     train = TrainConfig(num_workers=2, cpus_per_worker=0.5, report_poll_s=0.3)
     out = tmp_path / "params"
     out.mkdir()
