@@ -1,6 +1,6 @@
-"""What several test modules build: a wait for a condition, the tour's test budget and its checks, the VIDD tiny
-space (81 sequences, exact distributions), a tiny local Qwen2 with a character tokenizer, and an in-process stand-in
-for the pool's "lm" samplers. Fixtures live in conftest.py."""
+"""What several test modules build: a wait for a condition (and for a pool's two workers to serve), the tour's test
+budget and its checks, the VIDD tiny space (81 sequences, exact distributions), a tiny local Qwen2 with a character
+tokenizer, and an in-process stand-in for the pool's "lm" samplers. Fixtures live in conftest.py."""
 from __future__ import annotations
 
 import json
@@ -28,6 +28,13 @@ def wait_until(predicate: Callable[[], Any], timeout_s: float, what: str, proc: 
             raise AssertionError(f"process exited ({proc.returncode}) before {what}:\n{out}")
         time.sleep(every_s)
     raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}")
+
+
+def wait_for_both_workers(serve: Callable[[], list[dict]], timeout_s: float, what: str) -> list[dict]:
+    """The first output of ``serve()`` (a map on a 2-worker pool of echo requests) whose results came from two
+    processes. After a worker dies its replacement may still be starting on a loaded machine, and until it serves
+    the live worker takes every request of a map."""
+    return wait_until(lambda: (out := serve()) and len({r["pid"] for r in out}) == 2 and out, timeout_s, what)
 
 
 # -- the tour ----------------------------------------------------------------------------------------------------

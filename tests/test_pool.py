@@ -14,7 +14,7 @@ import pytest
 import ray
 
 from cluster.pool import SamplerError
-from tests.helpers import wait_until
+from tests.helpers import wait_for_both_workers, wait_until
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -56,12 +56,8 @@ def test_exactly_once_when_a_worker_dies_mid_request(pool_factory, no_restart):
     assert stats["retries"] >= 1, stats
     assert stats["restarts"] >= 1, stats
     assert stats["requests"] == 10
-    # the pool is whole again: both workers serve (the replacement may still be importing on a loaded machine, and
-    # until it is ready the live worker takes every request)
-    pids: set = set()
-    wait_until(lambda: pids.update(r["pid"] for r in pool.map("echo", [{"sleep_s": 0.2}] * 6)) or len(pids) == 2,
-               120, "the replacement worker to serve")
-    assert len(pids) == 2
+    # the pool is whole again: a map is served by both workers
+    wait_for_both_workers(lambda: pool.map("echo", [{"sleep_s": 0.2}] * 6), 120, "the replacement worker to serve")
 
 
 def test_results_stream_as_they_finish_and_map_keeps_order(pool_factory, tmp_path):
@@ -173,12 +169,9 @@ def test_a_request_that_kills_its_worker_fails_after_the_retry_bound(pool_factor
         _map_within(pool, [{"exit": True}], timeout_s=120)
     stats = pool.stats()
     assert stats["retries"] == 2 and stats["failed"] == 1, stats
-    # and the pool serves again on both workers (the dead one's replacement may still be starting on a loaded
-    # machine, and until it serves the live worker takes every request)
-    pids: set = set()
-    wait_until(lambda: pids.update(r["pid"] for r in _map_within(pool, [{"sleep_s": 0.3}] * 4, timeout_s=60))
-               or len(pids) == 2, 120, "both workers to serve again")
-    assert len(pids) == 2
+    # and the pool serves again on both workers
+    wait_for_both_workers(lambda: _map_within(pool, [{"sleep_s": 0.3}] * 4, timeout_s=60), 120,
+                          "both workers to serve again")
 
 
 def test_the_manager_dies_mid_run_and_every_result_arrives_once(pool_factory):

@@ -15,7 +15,7 @@ from cluster.pool import RequestTimeout, SamplerError, SharedPool
 from cluster.pool_config import PoolConfig
 from cluster.pool_slots import Slots
 from cluster.pool_worker import config_digest
-from tests.helpers import wait_until
+from tests.helpers import wait_for_both_workers, wait_until
 
 
 # -- time limits -----------------------------------------------------------------------------------------------------
@@ -39,8 +39,8 @@ def test_a_stuck_request_times_out_and_its_worker_is_replaced(pool_factory):
         pool.map("echo", [{"sleep_s": 0.1}, {"sleep_s": 60}, {"sleep_s": 0.1}])
     assert time.monotonic() - start < 30, "the map must end at the time limit, not when the request does"
     # the stuck worker was killed and Ray restarted it: the next map runs on both workers, one of them new
-    out = wait_until(lambda: (o := pool.map("echo_patient", [{"sleep_s": 0.3}] * 4)) and
-                     len({r["pid"] for r in o}) == 2 and o, 90, "both workers serving again")
+    out = wait_for_both_workers(lambda: pool.map("echo_patient", [{"sleep_s": 0.3}] * 4), 90,
+                                "both workers serving again")
     assert len({r["pid"] for r in out} - pids) == 1, "the timed-out worker's process must have been replaced"
     stats = pool.stats()
     assert stats["timeouts"] == 1 and stats["failed"] == 1 and stats["inflight"] == [0, 0], stats

@@ -168,6 +168,7 @@ def build_units() -> list[Unit]:
         plan += own + [report_unit(method, seed, own) for seed in REPORTED_SEEDS]
     return plan
 
+
 STUDY = Study(name=STUDY_NAME, title=SPEC.title, units=build_units,
               start_files=lambda artifacts: [Path(artifacts) / BUNDLE], report=f"benchmarks.study.{STUDY_NAME}:report")
 
