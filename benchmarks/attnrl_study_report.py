@@ -58,7 +58,7 @@ def _holds(stat) -> str:
 
 def sft_lines(sft: dict | None, gate: dict | None) -> list[str]:
     if sft is None:
-        return ["SFT: not finished yet (its stage checkpoints into `benchmarks/results/attnrl/artifacts/sft/`)."]
+        return ["SFT: not finished yet (its stage checkpoints into `benchmarks/studies/attnrl/records/artifacts/sft/`)."]
     m, s = sft["metrics"], sft.get("settings", {})
     lines = [f"SFT (`sft` stage, {sft.get('calls', 1)} call(s), {sft['cpu_s'] / 60:.0f} CPU-min): task "
              f"`{s.get('task')}`, model `{s.get('model')}`, {m['steps']} steps, stopped by the "
@@ -457,7 +457,7 @@ def report(records: list[dict], out_dir: Path) -> str:
     planned = sum(u.role == "report" for u in study.units())
     tokens = study.TOKENS
     parts = [TITLE, "",
-             f"Command (repo root): `{COMMAND}`. Records: `benchmarks/results/attnrl/*.json` (one per unit; this "
+             f"Command (repo root): `{COMMAND}`. Records: `benchmarks/studies/attnrl/records/*.json` (one per unit; this "
              "section is made from them alone).", "",
              f"Setup: cone task `{study.TASK}` (only the answer's dependency cone changes it; distractor steps, early "
              f"ones included, are attended to without mattering); one SFT model (`{study.MODEL}`) for every run; "
@@ -492,7 +492,7 @@ def report(records: list[dict], out_dir: Path) -> str:
                       "measure tree advantages, ADS and off-policy, not attention-guided branching.", ""]
         parts += tables + [""]
         plot(by, matched, out_dir / PLOT)
-        parts += [f"Plot: `benchmarks/results/attnrl/{PLOT}` (primary metric vs generated tokens and vs updates, "
+        parts += [f"Plot: `benchmarks/studies/attnrl/{PLOT}` (primary metric vs generated tokens and vs updates, "
                   "mean over seeds; dashed: the oracle ceiling and the AttnRL ablations, 2 seeds).", ""]
     else:
         parts += ["No reported RL unit has finished yet.", ""]

@@ -54,7 +54,7 @@ def report(records: list[dict], out_dir: Path) -> str:  # noqa: ARG001 - the stu
     from benchmarks.study import attnrl_units as study
     units = {r["unit"]: r for r in records}
     sft, gate = units.get("sft"), units.get(study.GATE_UNIT)
-    parts = [TITLE, "", f"Command (repo root): `{COMMAND}`. Records: `benchmarks/results/attnrl_units/*.json`.", "",
+    parts = [TITLE, "", f"Command (repo root): `{COMMAND}`. Records: `benchmarks/studies/attnrl_units/records/*.json`.", "",
              f"Why and what: issue 38's second model for the FCI gate. Task `{study.TASK}` written in its units "
              "(`envs/reasoning/tokens.py`: each two-letter name, two-digit value, operator and mark one token); model "
              f"`{study.MODEL}`. On the attnrl study's own task (one-letter names, one-digit values) the unit and "
@@ -65,7 +65,7 @@ def report(records: list[dict], out_dir: Path) -> str:  # noqa: ARG001 - the stu
         t = sft["tokens"]
         parts += ["", f"Unit tokens: vocabulary {t['vocab_size']}, {t['unit_share']:.0%} of a sample's tokens are "
                       "units of more than one character."]
-    parts += [""] + [line.replace("benchmarks/results/attnrl/", "benchmarks/results/attnrl_units/")
+    parts += [""] + [line.replace("benchmarks/studies/attnrl/", "benchmarks/studies/attnrl_units/")
                      for line in sft_lines(sft, gate)]
     parts += [""] + gate_lines(gate, study.GATE_UNIT) + ["", verdict(gate), ""]
     by, matched = reported(records)

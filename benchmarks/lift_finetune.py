@@ -2,7 +2,7 @@
 excursions in the real env, final return and the world model's held-out error, LIFT against its controls.
 
 Superseded for the Walker2d study by ``benchmarks/study/lift.py`` (issue 23: resumable units on the study runner,
-records in benchmarks/results/lift/, change gates, tuned coefficients, an evaluation every 250 real steps); this
+records in benchmarks/studies/lift/records/, change gates, tuned coefficients, an evaluation every 250 real steps); this
 script remains for the Ray path (compare mode on the embedded cluster) and the InvertedPendulum task.
 
     python -m benchmarks.lift_finetune --change ood_velocity --seeds 10-14     # Walker2d, LIFT's own change

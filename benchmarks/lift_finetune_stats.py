@@ -454,7 +454,7 @@ def study_report(records: list[dict], out_dir: Path) -> str:
              "model's refit on its NLL and let observation noise reach the critic's target; its start model did not "
              "hold. Its records and this section stay as they were written.",
              "",
-             f"Records: `benchmarks/results/lift/` ({len(done)} of {len(plan)} units; reported units "
+             f"Records: `benchmarks/studies/lift/records/` ({len(done)} of {len(plan)} units; reported units "
              f"{sum(u.name in done for u in reported)} of {len(reported)}), {cpu_h:.2f} core-hours spent. Command: "
              "`nice -n 19 python -m benchmarks.study lift run` (units), then `python -m benchmarks.study lift report`.",
              ""]
@@ -532,7 +532,7 @@ def study_report(records: list[dict], out_dir: Path) -> str:
     plot = out_dir / "lift_study.png"
     if any(r["role"] == "report" for r in records):
         study_plot(records, gates, [c for c in CHANGES if c in gates], plot)
-        lines += [f"Plot: `benchmarks/results/lift/{plot.name}` (return vs real steps per change, falls per method).", ""]
+        lines += [f"Plot: `benchmarks/studies/lift/{plot.name}` (return vs real steps per change, falls per method).", ""]
     lines += ["Reading (generated from the intervals above; a claim holds only where the seed-paired 95 % interval "
               "excludes 0; never-recovered runs count as the 4000-step budget, so step differences are bounds):", "",
               *(readings or ["- no reported units yet: nothing is claimed."]), *_overall(tally, changes_read), "",

@@ -54,7 +54,7 @@ def test_units_run_tiny_and_the_report_reads_their_records(tmp_path):
         for method in SACHS_METHODS:
             rec = run_unit_inline(STUDY, f"sachs-{method}-s10", tmp_path, overrides=TINY)
             assert rec["metrics"]["fit"] and 0 <= rec["metrics"]["f1"] <= 1 and rec["metrics"]["n"] == 300
-    text = report(load_records(tmp_path / "ecit_beyond"), tmp_path / "out")
+    text = report(load_records(tmp_path / "ecit_beyond" / "records"), tmp_path / "out")
     assert text.startswith("## E-CIT beyond") and "| triplet, dz = 1 | kci_lp |" in text
     assert "| triplet, dz = 1 | kci_sim |" in text and "| triplet, dz = 2 | kci_sim |" not in text
     assert f"| 360 | 3 | kci_lp | {TUNED} (tuned) |" in text and "### Reading" in text

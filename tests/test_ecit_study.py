@@ -43,7 +43,7 @@ def test_units_run_tiny_and_the_report_reads_their_records(tmp_path):
             rec = run_unit_inline(STUDY, f"tune-m{m}-s{s}", tmp_path, overrides={**TINY, "tune_n": 2 * m})
             assert set(rec["metrics"]) == set(COMBINERS) and rec["metrics"]["fisher"]["null_total"] == 3
     from benchmarks.study.records import load_records
-    records = {r["unit"]: r for r in load_records(tmp_path / "ecit")}
+    records = {r["unit"]: r for r in load_records(tmp_path / "ecit" / "records")}
     tuned = tuned_setting(records)
     assert tuned["subset_size"] in SUBSET_SIZES and tuned["combiner"] in COMBINERS
     cal = run_unit_inline(STUDY, f"cal-n{CAL_NS[0]}-s10", tmp_path, overrides=TINY)
@@ -59,7 +59,7 @@ def test_units_run_tiny_and_the_report_reads_their_records(tmp_path):
     assert set(control["metrics"]["480"]) == {*COMBINERS, "one_subset", "full"}
     assert len(control["tests"]["480"]["null"][0]) == 480 // tuned["subset_size"]
     from benchmarks.study.ecit import report
-    text = report(load_records(tmp_path / "ecit"), tmp_path / "out")
+    text = report(load_records(tmp_path / "ecit" / "records"), tmp_path / "out")
     assert text.startswith("## E-CIT") and f"| 240 | {tuned['combiner']} (tuned) |" in text
     assert "| full |" in text and (tmp_path / "out" / "ecit_time.png").exists()
     assert "| Fisher-z, linear-Gaussian (control) | 480 |" in text and "| KCI, post-nonlinear t3 (the study) | 240 |" in text

@@ -69,7 +69,7 @@ def test_sft_stage_checkpoints_when_its_call_runs_out_and_resumes(tmp_path):
     root = tmp_path / "results"
     sizes = TINY | {"sft_margin_s": 0.0}
     assert run_unit_inline(study.STUDY, "sft", results_root=root, overrides=sizes, call_s=0.0) is None  # no time
-    art = root / "attnrl" / "artifacts" / "sft"
+    art = root / "attnrl" / "records" / "artifacts" / "sft"
     state = torch.load(art / "checkpoint.pt", weights_only=False, map_location="cpu")
     assert state["step"] == 0 and not state["done"] and not (art / "model.pt").exists()
     record = run_unit_inline(study.STUDY, "sft", results_root=root, overrides=sizes)
@@ -83,7 +83,7 @@ def test_one_unit_of_each_kind_at_tiny_size(tmp_path):
     root = tmp_path / "results"
     sft = run_unit_inline(study.STUDY, "sft", results_root=root, overrides=TINY)
     assert sft["metrics"]["steps"] == 2 and sft["metrics"]["stopped_by"] == "max_steps"
-    art = root / "attnrl" / "artifacts" / "sft"
+    art = root / "attnrl" / "records" / "artifacts" / "sft"
     assert (art / "model.pt").exists() and (art / "checkpoint.pt").exists()
 
     gate = run_unit_inline(study.STUDY, "gate", results_root=root, overrides=TINY)
@@ -96,16 +96,16 @@ def test_one_unit_of_each_kind_at_tiny_size(tmp_path):
     probe = run_unit_inline(study.STUDY, "gate-probe", results_root=root, overrides=TINY)
     assert set(probe["variants"]) == set(study.PROBE_VARIANTS) and probe["start_sha"] == gate["start_sha"]
     assert "max (FCI)" in probe["variants"]["study_task"]["heads"]
-    (root / "attnrl" / f"{tune_name}.json").unlink()
-    refused = report([sft, gate, probe, decider], root / "attnrl")
+    (root / "attnrl" / "records" / f"{tune_name}.json").unlink()
+    refused = report([sft, gate, probe, decider], root / "attnrl" / "records")
     assert "FCI does not beat both" in refused and "No reported RL unit" in refused and "Second look" in refused
     assert "mechanism-absent control" in refused and "| P1 |" in refused
-    claims = study_claims(root / "attnrl")
+    claims = study_claims(root / "attnrl" / "records")
     assert all(c["observed"].startswith("FCI gate failed") and "control" in c["observed"] for c in claims)
     assert not any("no RL seed" in c["observed"] for c in claims)
 
     # past the gate (its record is edited here: a 2-step SFT model cannot pass it), every RL kind runs
-    path = root / "attnrl" / f"{study.DECIDING_GATE}.json"
+    path = root / "attnrl" / "records" / f"{study.DECIDING_GATE}.json"
     path.write_text(json.dumps(decider | {"metrics": decider["metrics"] | {"fci_beats_both": True}}))
     for lr in study.LR_GRID:
         for method in ("grpo", "attnrl"):
@@ -119,9 +119,9 @@ def test_one_unit_of_each_kind_at_tiny_size(tmp_path):
     assert ablation["algo"] == "attnrl" and ablation["run"]["rl"]["ads"] == "off"
     runs = [run_unit_inline(study.STUDY, f"{m}-s10", results_root=root, overrides=TINY) for m in ("grpo", "attnrl")]
     assert all(r["lr"] in study.LR_GRID and r["start_sha"] == gate["start_sha"] for r in runs)
-    records = [json.loads(p.read_text()) for p in sorted((root / "attnrl").glob("*.json"))]
-    section = report(records, root / "attnrl")
+    records = [json.loads(p.read_text()) for p in sorted((root / "attnrl" / "records").glob("*.json"))]
+    section = report(records, root / "attnrl" / "records")
     assert section.startswith("## ") and "| grpo | 1 |" in section and "| attnrl - grpo |" in section
-    assert (root / "attnrl" / "attnrl.png").exists()
-    claims = study_claims(root / "attnrl")  # the tour's claim rows: one AttnRL seed is too few to pair
+    assert (root / "attnrl" / "records" / "attnrl.png").exists()
+    claims = study_claims(root / "attnrl" / "records")  # the tour's claim rows: one AttnRL seed is too few to pair
     assert len(claims) == 2 and all(c["observed"].startswith("pending (1 of 5") for c in claims)

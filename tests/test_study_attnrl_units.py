@@ -81,7 +81,7 @@ def test_sft_stage_checkpoints_and_resumes(tmp_path):
     root = tmp_path / "results"
     sizes = TINY | {"sft_margin_s": 0.0}
     assert run_unit_inline(study.STUDY, "sft", results_root=root, overrides=sizes, call_s=0.0) is None
-    art = root / "attnrl_units" / "artifacts" / "sft"
+    art = root / "attnrl_units" / "records" / "artifacts" / "sft"
     assert torch.load(art / "checkpoint.pt", weights_only=False, map_location="cpu")["step"] == 0
     record = run_unit_inline(study.STUDY, "sft", results_root=root, overrides=sizes)
     assert record["calls"] == 2 and record["metrics"]["steps"] == 2 and (art / "model.pt").exists()
@@ -97,7 +97,7 @@ def test_one_unit_of_each_kind_at_tiny_size(tmp_path):
     assert gate["influence"] == "intervention" and gate["gate"] == study.GATE
     assert gate["metrics"]["fci_beats_both"] is False  # a 2-step SFT model ranks nothing
     assert "max (FCI)" in gate["heads"] and "sampled_longest" in gate["sft"]["eval"]
-    out = root / "attnrl_units"
+    out = root / "attnrl_units" / "records"
     with pytest.raises(StudyError, match="refused: FCI does not beat both") as refusal:
         run_unit_inline(study.STUDY, "attn_tree-s10", results_root=root, overrides=TINY)
     assert "\n" not in str(refusal.value) and not (out / "attn_tree-s10.json").exists()

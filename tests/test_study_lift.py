@@ -58,7 +58,7 @@ def tiny_study(tmp_path_factory):
     root = tmp_path_factory.mktemp("results")
     first = run_unit_inline(STUDY, "pretrain", root, overrides=TINY)
     assert first is None  # the first chunk checkpointed and asks to be called again
-    artifacts = root / "lift" / "artifacts"
+    artifacts = root / "lift" / "records" / "artifacts"
     assert (artifacts / "pretrain" / "checkpoint.pt").exists() and not (artifacts / "pretrain" / "agent.pt").exists()
     record = run_unit_inline(STUDY, "pretrain", root, overrides=TINY)
     return root, record
@@ -66,7 +66,7 @@ def tiny_study(tmp_path_factory):
 
 def test_pretraining_stage_resumes_and_makes_the_start_model(tiny_study):
     root, record = tiny_study
-    artifacts = root / "lift" / "artifacts"
+    artifacts = root / "lift" / "records" / "artifacts"
     m = record["metrics"]
     assert m["env_steps"] == 640 and m["chunks"] == 2 and m["replay_refills"] == 0  # resumed with its replay
     assert record["curves"]["env_steps"][-1] == 640
@@ -106,7 +106,7 @@ def test_gate_and_method_units_and_report(tiny_study):
 
     from benchmarks.study.lift import report
     from benchmarks.study.records import load_records
-    out = root / "lift"
+    out = root / "lift" / "records"
     text = report(load_records(out), out)
     assert text.startswith("## ")
     assert "| lift | 1 |" in text and "| sac_finetune | 1 |" in text and "friction x" in text

@@ -38,7 +38,7 @@ def tiny_start(tmp_path_factory):
 def test_stage_extends_to_the_cap_then_fits_the_physics_model(tiny_start):
     root, record = tiny_start
     assert record is not None
-    art = root / "lift_official" / "artifacts"
+    art = root / "lift_official" / "records" / "artifacts"
     targets = (art / "pretrain" / "target.json").read_text()
     assert '"held": true' in targets
     assert record["metrics"]["env_steps"] in (320, 480, 640)
@@ -104,7 +104,7 @@ def test_gates_and_a_method_unit_run_the_learner_loop_and_refuse_without_room(ti
     assert all(v is not None for v in curves["wm_heldout_1step"][1:] + curves["wm_stage2_heldout_1step"][1:])
     assert room["metrics"]["passed"] == (curves["wm_heldout_1step"][2]
                                          <= curves["wm_stage2_heldout_1step"][2] * (1 + 1e-6))
-    out = root / "lift_official"
+    out = root / "lift_official" / "records"
     for name, key, value in (("check-start", "holds", True), ("room-friction", "passed", False)):
         path = out / f"{name}.json"  # this test's own tiny records: force each verdict in turn
         rec = json.loads(path.read_text())
@@ -134,8 +134,8 @@ def test_a_finished_start_model_becomes_a_checkpoint_that_runs_on(tiny_start, tm
     import torch
     root, record = tiny_start
     results = tmp_path / "results"
-    shutil.copytree(root / "lift_official" / "artifacts", results / "lift_official" / "artifacts")
-    art = results / "lift_official" / "artifacts"
+    shutil.copytree(root / "lift_official" / "records" / "artifacts", results / "lift_official" / "records" / "artifacts")
+    art = results / "lift_official" / "records" / "artifacts"
     agent = torch.load(art / "pretrain" / "agent.pt", weights_only=True)
     steps = record["metrics"]["env_steps"]
     study.resume_from_start_model(art, steps + 160, "test")

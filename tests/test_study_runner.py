@@ -49,7 +49,7 @@ def test_plan_rules():
 def test_killed_lane_loses_only_the_unit_in_progress_and_the_study_resumes(tmp_path):
     results = tmp_path / "results"
     first = lane(results, env={"TOY_UNIT_S": "1.0", "TOY_STEP_S": "0.01"})
-    toy = results / "toy"
+    toy = results / "toy" / "records"
     # wait until two method units are recorded and a third has started, then kill the lane mid-unit
     wait_until(lambda: len([r for r in load_records(toy) if r["role"] != "stage"]) >= 2, 60, "two records")
     done_before = {r["unit"] for r in load_records(toy)}
@@ -82,7 +82,7 @@ def test_killed_lane_loses_only_the_unit_in_progress_and_the_study_resumes(tmp_p
 @pytest.mark.slow
 def test_long_stage_resumes_from_its_checkpoint(tmp_path):
     results = tmp_path / "results"
-    checkpoint = results / "toy" / "artifacts" / "stage" / "checkpoint.pt"
+    checkpoint = results / "toy" / "records" / "artifacts" / "stage" / "checkpoint.pt"
     # calls of ~0.3 s: the stage returns "checkpointed" several times; the lane is killed in the middle of it
     first = lane(results, env={"ORRERY_STUDY_CALL_S": "0.3", "TOY_STEP_S": "0.05"})
     import torch
@@ -92,11 +92,11 @@ def test_long_stage_resumes_from_its_checkpoint(tmp_path):
     first.wait()
     time.sleep(1.0)
     reached = torch.load(checkpoint, weights_only=False)["step"]
-    assert 12 <= reached < 40 and not (results / "toy" / "stage.json").exists()
+    assert 12 <= reached < 40 and not (results / "toy" / "records" / "stage.json").exists()
     second = lane(results, "--max-units", "1", env={"ORRERY_STUDY_CALL_S": "0.3", "TOY_STEP_S": "0.05"})
     out, _ = second.communicate(timeout=120)
     assert second.returncode == 0, out
-    stage = json.loads((results / "toy" / "stage.json").read_text())
+    stage = json.loads((results / "toy" / "records" / "stage.json").read_text())
     starts = stage["starts"]
     assert starts[0] == 0 and starts == sorted(starts) and len(starts) >= 3
     # the second lane began where the killed one had checkpointed, not from scratch
@@ -107,15 +107,15 @@ def test_long_stage_resumes_from_its_checkpoint(tmp_path):
 def test_records_from_another_start_model_are_refused(tmp_path):
     for name in ("stage", "tune-s100", "toy-s10"):
         assert run_unit_inline(TOY, name, tmp_path, overrides={"sleep_s": 0.0}) is not None
-    model = tmp_path / "toy" / "artifacts" / "stage" / "model.json"
+    model = tmp_path / "toy" / "records" / "artifacts" / "stage" / "model.json"
     model.write_text(json.dumps({"weight": 3.0}))  # a different start model, e.g. re-trained on a new machine
     with pytest.raises(StudyError, match=r"starts from model sha [0-9a-f]{12} but 2 record\(s\).*made from sha "
                                          r"[0-9a-f]{12}"):
         run_unit_inline(TOY, "toy-s11", tmp_path, overrides={"sleep_s": 0.0})
     # a report refuses records of two start models (one copied in from another machine's run)
-    mixed = json.loads((tmp_path / "toy" / "toy-s10.json").read_text())
+    mixed = json.loads((tmp_path / "toy" / "records" / "toy-s10.json").read_text())
     mixed.update(unit="toy-s13", seed=13, start_sha="f" * 64)
-    (tmp_path / "toy" / "toy-s13.json").write_text(json.dumps(mixed))
+    (tmp_path / "toy" / "records" / "toy-s13.json").write_text(json.dumps(mixed))
     with pytest.raises(StudyError, match="2 start models"):
         report(TOY, Paths(tmp_path), results_md=tmp_path / "RESULTS.md")
 
@@ -125,9 +125,9 @@ def test_report_from_the_committed_json_alone(tmp_path):
     for name in ["stage", "tune-s100", *(f"toy-s{s}" for s in range(10, 15))]:
         run_unit_inline(TOY, name, made, overrides={"sleep_s": 0.0})
     fresh = tmp_path / "fresh-clone"  # only the records travel: no work dirs, no artifacts
-    (fresh / "toy").mkdir(parents=True)
-    for path in (made / "toy").glob("*.json"):
-        shutil.copy(path, fresh / "toy" / path.name)
+    (fresh / "toy" / "records").mkdir(parents=True)
+    for path in (made / "toy" / "records").glob("*.json"):
+        shutil.copy(path, fresh / "toy" / "records" / path.name)
     results_md = tmp_path / "RESULTS.md"
     results_md.write_text("# Benchmarks\n\n## Other\n\nkept\n")
     proc = subprocess.run([sys.executable, "-m", "benchmarks.study", TOY, "report", "--results", str(fresh)],
@@ -185,11 +185,11 @@ def test_commit_results_commits_only_the_study_folder(tmp_path):
     run("commit", "-q", "-m", "init")
     (repo / "code.py").write_text("x = 2\n")  # someone's work in progress, staged
     run("add", "code.py")
-    results = repo / "benchmarks" / "results" / "toy"
-    run_unit_inline(TOY, "stage", repo / "benchmarks" / "results")
+    results = repo / "benchmarks" / "studies" / "toy" / "records"
+    run_unit_inline(TOY, "stage", repo / "benchmarks" / "studies")
     assert commit_results(results, "study toy: stage", repo=repo)
     files = run("show", "--name-only", "--format=", "HEAD").stdout.split()
-    assert "benchmarks/results/toy/stage.json" in files and "code.py" not in files
+    assert "benchmarks/studies/toy/records/stage.json" in files and "code.py" not in files
     assert "code.py" in run("diff", "--cached", "--name-only").stdout  # still staged, not committed
 
 

@@ -95,9 +95,9 @@ def test_pretrain_stage_resumes_to_the_same_model(tmp_path):
     while (record := run_unit_inline("vidd_molecule", "pretrain", tmp_path / "chunked",
                                      overrides={**TINY, "stage_steps_per_call": 10})) is None:
         calls += 1
-        assert (tmp_path / "chunked" / "vidd_molecule" / "artifacts" / CHECKPOINT).is_file()
+        assert (tmp_path / "chunked" / "vidd_molecule" / "records" / "artifacts" / CHECKPOINT).is_file()
     assert calls == 2 and record["calls"] == 3
-    a, b = (torch.load(tmp_path / run / "vidd_molecule" / "artifacts" / BUNDLE, weights_only=False, map_location="cpu")
+    a, b = (torch.load(tmp_path / run / "vidd_molecule" / "records" / "artifacts" / BUNDLE, weights_only=False, map_location="cpu")
             for run in ("whole", "chunked"))
     for key, value in a["state_dict"].items():
         assert torch.equal(value, b["state_dict"][key]), key
@@ -108,7 +108,7 @@ def test_pretrain_stage_resumes_to_the_same_model(tmp_path):
 def test_units_run_at_tiny_size(name, tmp_path):
     mod = module(name)
     assert run_unit_inline(name, "pretrain", tmp_path, overrides=TINY) is not None
-    out = tmp_path / name
+    out = tmp_path / name / "records"
     sha = sha256_files(mod.STUDY.start_files(out / "artifacts"))
     for lr in GRID if name == "vidd_molecule" else GRID[:1]:  # DNA: one tuning unit and best-of-N (time)
         rec = run_unit_inline(name, f"tune-{PRIMARY}-lr{lr:g}-s100", tmp_path, overrides=TINY)

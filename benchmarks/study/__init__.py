@@ -4,7 +4,8 @@
     nice -n 19 python -m benchmarks.study all run &    # a background lane (two at most on 2 cores)
     python -m benchmarks.study lift report             # RESULTS.md section and plots from the records alone
 
-Records: ``benchmarks/results/<study>/<unit>.json``; long stages checkpoint into ``benchmarks/results/<study>/artifacts/``.
+Layout: ``benchmarks/studies/<study>/`` is one study: its code, ``REPORT.md`` and figures; ``records/<unit>.json``
+hold its finished units and ``records/artifacts/`` its long stages' checkpoints. This package is the machinery they share.
 """
 
 # name -> "module:ATTR" of its Study; a study whose module is missing shows as "not built" in status

@@ -324,7 +324,7 @@ def report(records: list[dict], out_dir: Path) -> str:
     plan = STUDY.plan()
     reported = [u for u in plan if u.role == "report"]
     lines = ["## E-CIT: ensemble conditional independence tests and PC (issue 28)", "",
-             f"Records: `benchmarks/results/ecit/` ({sum(u.name in by for u in plan)} of {len(plan)} units; reported "
+             f"Records: `benchmarks/studies/ecit/records/` ({sum(u.name in by for u in plan)} of {len(plan)} units; reported "
              f"units {sum(u.name in by for u in reported)} of {len(reported)}"
              + ("" if all(u.name in by for u in reported) else ": **partial**, a table with missing units reads only "
                 "what is there") + f"), {sum(r.get('cpu_s', 0.0) for r in records) / 3600:.2f} core-hours. Command: "

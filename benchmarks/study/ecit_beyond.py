@@ -313,7 +313,7 @@ def report(records: list[dict], out_dir: Path) -> str:
     reported = [u for u in plan if u.role == "report"]
     done = sum(u.name in by for u in reported)
     lines = ["## E-CIT beyond the paper: a sub-test null for many subsets, and PC on Sachs (issue 42)", "",
-             f"Records: `benchmarks/results/ecit_beyond/` ({sum(u.name in by for u in plan)} of {len(plan)} units; "
+             f"Records: `benchmarks/studies/ecit_beyond/records/` ({sum(u.name in by for u in plan)} of {len(plan)} units; "
              f"reported units {done} of {len(reported)}" + ("" if done == len(reported) else
                                                            ": **partial**, tables read only what is there")
              + f"), {sum(r.get('cpu_s', 0.0) for r in records) / 3600:.2f} core-hours. Command: "

@@ -384,7 +384,7 @@ def superseded_lines(out_dir: Path) -> list[str]:
     old = {p.stem: json.loads(p.read_text()) for p in sorted((out_dir / "superseded" / "200k").glob("*.json"))}
     if not old:
         return []
-    lines = ["History (superseded, `benchmarks/results/lift_official/superseded/200k/`): the 200k start model did "
+    lines = ["History (superseded, `benchmarks/studies/lift_official/records/superseded/200k/`): the 200k start model did "
              "not hold."]
     if "check-start" in old:
         c = old["check-start"]["metrics"]
@@ -591,7 +591,7 @@ def report(records: list[dict], out_dir: Path) -> str:
     gates = {c: recs[f"gate-{c}"] for c in CHANGES if f"gate-{c}" in recs}
     figure = plot(records, gates, out_dir / "lift_official.png")
     if figure is not None:
-        lines += [f"Plot: `benchmarks/results/lift_official/{figure.name}` (return vs real steps per change; LIFT's "
+        lines += [f"Plot: `benchmarks/studies/lift_official/{figure.name}` (return vs real steps per change; LIFT's "
                   "model error, refit vs frozen, per epoch).", ""]
     for c in CHANGES:
         if not any(r["setting"]["change"] == c for r in reported):

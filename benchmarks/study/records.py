@@ -1,4 +1,4 @@
-"""A study's records on disk: one JSON file per finished unit in ``benchmarks/results/<study>/``, written atomically
+"""A study's records on disk: one JSON file per finished unit in ``benchmarks/studies/<study>/records/``, written atomically
 (a killed unit leaves nothing half-written), with what makes a figure traceable: the start model's sha, the code's
 commit, the CPU it ran on and what it cost."""
 from __future__ import annotations
@@ -12,7 +12,7 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-RESULTS = ROOT / "benchmarks" / "results"
+RESULTS = ROOT / "benchmarks" / "studies"  # one folder per study: its code, REPORT.md, figures, records/
 REQUIRED = ("study", "unit", "role", "method", "seed", "start_sha", "metrics", "commit", "cpu", "wall_s", "cpu_s")
 _CPU_FLAGS = ("amx_bf16", "avx512_bf16", "avx512f", "avx2")
 
@@ -90,5 +90,7 @@ def git_commit() -> str:
     head = git("rev-parse", "HEAD")
     if head.returncode != 0:
         return "unknown"
-    dirty = git("status", "--porcelain", "--untracked-files=no", "--", ".", ":(exclude)benchmarks/results")
+    dirty = git("status", "--porcelain", "--untracked-files=no", "--", ".",
+                ":(exclude,glob)benchmarks/studies/**/records/**", ":(exclude,glob)benchmarks/studies/**/REPORT.md",
+                ":(exclude,glob)benchmarks/studies/**/*.png")
     return head.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")

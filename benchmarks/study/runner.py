@@ -62,8 +62,13 @@ class Paths:
             return ROOT / "runs" / "study"
         return self.results_root.parent / f"{self.results_root.name}-work"
 
-    def results(self, study: str) -> Path:
+    def study_dir(self, study: str) -> Path:
+        """The study's folder: its REPORT.md and figures (and, for a study in ``benchmarks/studies/``, its code)."""
         return self.results_root / study
+
+    def results(self, study: str) -> Path:
+        """The study's records: one ``<unit>.json`` per finished unit, long stages' checkpoints in ``artifacts/``."""
+        return self.study_dir(study) / "records"
 
     def claim(self, study: str, unit: str) -> Path:
         return self.work_root / "claims" / study / f"{unit}.claim"
@@ -91,7 +96,7 @@ def check_same_start(study: Study, records: list[dict], sha: str | None, what: s
         ex = others[0]
         raise StudyError(f"{study.name}: {what} starts from model sha {str(sha)[:12]} but {len(others)} record(s) "
                          f"(e.g. {ex['unit']}) were made from sha {ex['start_sha'][:12]}; move those records out of "
-                         f"benchmarks/results/{study.name}/ or restore that start model")
+                         f"benchmarks/studies/{study.name}/records/ or restore that start model")
 
 
 # ---------------------------------------------------------------------------------------------- running one unit
@@ -139,7 +144,7 @@ def run_unit_inline(study: Study | str, unit_name: str, results_root: Path | Non
                     overrides: dict | None = None, call_s: float = STAGE_CALL_S) -> dict | None:
     """Run one unit in this process and write its record (None: a stage checkpointed and has more to do).
 
-    Records go to ``<results_root>/<study>/`` (default ``benchmarks/results/<study>/``); ``overrides`` shrink the
+    Records go to ``<results_root>/<study>/records/`` (default ``benchmarks/studies/<study>/records/``); ``overrides`` shrink the
     unit's sizes (``ctx.size``), which tests use to run a unit in seconds."""
     study = load_study(study) if isinstance(study, str) else study
     paths = Paths(results_root) if results_root is not None else Paths()
@@ -505,11 +510,12 @@ def report(which: str, paths: Paths, results_md: Path | None = None) -> list[Pat
             raise StudyError(f"{study.name}: records come from {len(shas)} start models ({a[:12]}, {b[:12]}, ...); "
                              "a report mixes none: move one set aside")
         module, fn_name = study.report.split(":")
-        section = getattr(importlib.import_module(module), fn_name)(records, out)
+        folder = paths.study_dir(study.name)
+        section = getattr(importlib.import_module(module), fn_name)(records, folder)
         if not section.startswith("## "):
             raise StudyError(f"{study.name}: the report must start with a '## ' heading")
-        atomic_write_bytes(out / "REPORT.md", (section.rstrip("\n") + "\n").encode())
-        written.append(out / "REPORT.md")
+        atomic_write_bytes(folder / "REPORT.md", (section.rstrip("\n") + "\n").encode())
+        written.append(folder / "REPORT.md")
         target = results_md if results_md is not None else (
             ROOT / "benchmarks" / "RESULTS.md" if paths.results_root.resolve() == RESULTS.resolve() else None)
         if target is not None:

@@ -519,7 +519,7 @@ def report_section(spec: TaskSpec, records: list[dict], out_dir: Path) -> str:
     pre = by_unit.get("pretrain")
     lines = [f"## VIDD vs baselines: {spec.title} (`benchmarks/study/{spec.study}.py`)", "",
              f"Commands (repo root): `nice -n 19 python -m benchmarks.study {spec.study} run` (the units, each <= 20 "
-             f"min of one core, records in `benchmarks/results/{spec.study}/`), `python -m benchmarks.study "
+             f"min of one core, records in `benchmarks/studies/{spec.study}/records/`), `python -m benchmarks.study "
              f"{spec.study} report` (this section and the plot, from the records alone).", "",
              f"**Status: {done['stage']}/{len(roles['stage'])} stage, {done['tune']}/{len(roles['tune'])} tuning, "
              f"{done['report']}/{len(roles['report'])} reported units recorded.**"
@@ -557,7 +557,7 @@ def report_section(spec: TaskSpec, records: list[dict], out_dir: Path) -> str:
 
 def _artifact_sha(out_dir: Path) -> str | None:
     from benchmarks.study.records import sha256_files
-    return sha256_files([Path(out_dir) / "artifacts" / BUNDLE])
+    return sha256_files([Path(out_dir) / "records" / "artifacts" / BUNDLE])
 
 
 def _start_sha(records: list[dict]) -> str | None:
