@@ -246,7 +246,9 @@ def run(cfg: dict, ctx) -> dict[str, Any]:
     pool_stats = pool.stats()
     from experiments.tour_report import write_report
     report_dir = Path(exp.report_dir) if exp.report_dir else ctx.run_dir.path / "report"
-    summary = write_report(report_dir, stages, pool_stats, cfg, time.perf_counter() - start, tour_parts())
+    summary = write_report(report_dir, stages, pool_stats, cfg, time.perf_counter() - start,
+                           {method: section_fn(part) for method, part in tour_parts().items()},
+                           {method: part.paper_scale for method, part in tour_parts().items()})
     print(f"[tour] report: {report_dir / 'report.md'}", flush=True)
     return summary
 

@@ -83,9 +83,11 @@ def pool_load_plot(pool_stats: dict, out: Path) -> str | None:
     return "pool_load.png"
 
 
-def write_report(out: Path, stages: dict, pool_stats: dict, cfg: dict, wall_s: float, parts: dict) -> dict[str, Any]:
-    """``stages``: method -> its Stages (experiments.tour.plan); ``parts``: method -> its TourPart."""
-    from experiments.tour import section_fn
+def write_report(out: Path, stages: dict, pool_stats: dict, cfg: dict, wall_s: float,
+                 sections_of: dict, paper_scale: dict) -> dict[str, Any]:
+    """``stages``: method -> its Stages (experiments.tour.plan); ``sections_of``: method -> its TourPart's section
+    function, fn(stages, out_dir) -> (lines, claims, plots); ``paper_scale``: method -> the command that reruns it
+    at paper scale."""
     out.mkdir(parents=True, exist_ok=True)
     lines = ["# orrery tour report", "",
              f"{len(stages)} method(s) ({', '.join(stages)}) ran concurrently as separate drivers on one Ray cluster, "
@@ -105,7 +107,7 @@ def write_report(out: Path, stages: dict, pool_stats: dict, cfg: dict, wall_s: f
                 failures.append({"method": method, "stage": st.experiment, "error": st.error, "log": str(st.log_path)})
     sections = {}
     for method, sts in stages.items():
-        sec_lines, sec_claims, sec_plots = section_fn(parts[method])(sts, out)
+        sec_lines, sec_claims, sec_plots = sections_of[method](sts, out)
         if not any(st.ok for st in sts):
             sec_lines += [f"**Failed** — see `{sts[0].log_path}`.", ""]
         sections[method] = sec_lines
@@ -122,7 +124,7 @@ def write_report(out: Path, stages: dict, pool_stats: dict, cfg: dict, wall_s: f
               "not that the paper is wrong. Rerun any part at paper scale with the commands below.", ""]
     for method in stages:
         lines += sections[method]
-        lines += [f"Rerun at paper scale: `{parts[method].paper_scale}`", ""]
+        lines += [f"Rerun at paper scale: `{paper_scale[method]}`", ""]
     lines += ["## Shared pool", "",
               f"{pool_stats.get('requests')} requests, {pool_stats.get('samples')} samples, "
               f"{pool_stats.get('retries')} retries, {pool_stats.get('restarts')} restarts.", "",

@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from algos.lift.sac import Batch, SACConfig
+from algos.lift.sac_config import Batch, SACConfig
 from algos.nets import mlp, unwrap
 from algos.normalizer import RunningNormalizer
 from algos.precision import use_bf16

@@ -4,14 +4,29 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import torch
 
-if TYPE_CHECKING:
-    from algos.lift.world_model import RigidBodyPrior
-
 Tensor = torch.Tensor
+
+
+class RigidBodyPrior(Protocol):
+    """What the physics model needs from a simulator (implemented by ``envs.control.mujoco_prior.MujocoPrior``)."""
+
+    nq: int
+    nv: int
+    timestep: float  # h, the simulator's step
+    n_substeps: int  # K, simulator steps per control step
+    linear_qpos: tuple[int, ...]  # qpos that integrate as q += h q̇ (hinge, slide, free translation) ...
+    linear_qvel: tuple[int, ...]  # ... with these velocities
+    quaternion_qpos: tuple[int, ...]  # starts of (w, x, y, z) blocks, integrated by the exponential map ...
+    quaternion_qvel: tuple[int, ...]  # ... of these local angular velocities
+    translation_qpos: tuple[int, ...]  # qpos the networks do not see (dynamics are invariant to them)
+
+    def terms(self, qpos: Tensor, qvel: Tensor, action: Tensor) -> tuple[Tensor, Tensor]:
+        """(minv_h (B, nv, nv), force (B, nv)) at a batch of states; no gradient."""
+        ...
 
 
 def quaternion_integrate(quat: Tensor, omega: Tensor, h: float) -> Tensor:
@@ -30,7 +45,7 @@ def quaternion_integrate(quat: Tensor, omega: Tensor, h: float) -> Tensor:
     return product / product.norm(dim=-1, keepdim=True)
 
 
-def integrate_positions(qpos: Tensor, qvel: Tensor, h: float, prior: "RigidBodyPrior") -> Tensor:
+def integrate_positions(qpos: Tensor, qvel: Tensor, h: float, prior: RigidBodyPrior) -> Tensor:
     """q ⊕ h q̇ (MuJoCo's ``mj_integratePos``) for the joint layout of ``prior``; differentiable."""
     out = qpos.clone()
     out[..., list(prior.linear_qpos)] = qpos[..., list(prior.linear_qpos)] + h * qvel[..., list(prior.linear_qvel)]

@@ -39,34 +39,15 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from algos.lift.integration import integrate_positions, normalize_quaternions
+from algos.lift.integration import RigidBodyPrior, integrate_positions, normalize_quaternions
 from algos.nets import EnsembleMLP
 
 Tensor = torch.Tensor
-
-
-class RigidBodyPrior(Protocol):
-    """What the physics model needs from a simulator (implemented by ``envs.control.mujoco_prior.MujocoPrior``)."""
-
-    nq: int
-    nv: int
-    timestep: float  # h, the simulator's step
-    n_substeps: int  # K, simulator steps per control step
-    linear_qpos: tuple[int, ...]  # qpos that integrate as q += h q̇ (hinge, slide, free translation) ...
-    linear_qvel: tuple[int, ...]  # ... with these velocities
-    quaternion_qpos: tuple[int, ...]  # starts of (w, x, y, z) blocks, integrated by the exponential map ...
-    quaternion_qvel: tuple[int, ...]  # ... of these local angular velocities
-    translation_qpos: tuple[int, ...]  # qpos the networks do not see (dynamics are invariant to them)
-
-    def terms(self, qpos: Tensor, qvel: Tensor, action: Tensor) -> tuple[Tensor, Tensor]:
-        """(minv_h (B, nv, nv), force (B, nv)) at a batch of states; no gradient."""
-        ...
 
 
 @dataclass

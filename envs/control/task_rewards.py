@@ -22,7 +22,7 @@ from typing import Callable, Protocol
 import gymnasium as gym
 import torch
 
-from envs.control.tasks import gymnasium_id
+from envs.control.task_table import gymnasium_id
 from envs.control.torch_kinematics import TorchKinematics
 
 Tensor = torch.Tensor
