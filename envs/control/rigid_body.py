@@ -1,7 +1,8 @@
 """MuJoCo's joint-space dynamics terms for a batch of states, in torch: M(q), qfrc_bias, qfrc_passive, qfrc_actuator.
 
 Built once from an ``mjModel`` (body tree, joint types and axes, inertias, armature, damping, stiffness/springref,
-gear), then evaluated for a batch of (qpos, qvel, ctrl) on the states' own device and dtype, differentiably, with no
+gear) or from those tables exported without MuJoCo in reach (``envs.control.rigid_body_tables``: this module never
+imports MuJoCo, so a machine without it runs the prior from a saved ``.npz``), then evaluated for a batch of (qpos, qvel, ctrl) on the states' own device and dtype, differentiably, with no
 Python loop over states (only over the few bodies and dofs of the tree).
 
 Why hand-written (issue 41): ``mujoco-torch`` (a PyTorch port of MJX) does not import with the installed MuJoCo 4.0,
@@ -60,83 +61,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import mujoco
 import numpy as np
 import torch
 
+from envs.control.rigid_body_algebra import (cross, frame_compose, frame_times, normalized, point, quat_log,
+                                             quat_mul, quat_to_frame)
+from envs.control.rigid_body_tables import BALL as _BALL
+from envs.control.rigid_body_tables import BIAS_AFFINE, ModelTables
+from envs.control.rigid_body_tables import FREE as _FREE
+from envs.control.rigid_body_tables import HINGE as _HINGE
+from envs.control.rigid_body_tables import SLIDE as _SLIDE
+
 Tensor = torch.Tensor
-
-_FREE, _BALL = int(mujoco.mjtJoint.mjJNT_FREE), int(mujoco.mjtJoint.mjJNT_BALL)
-_SLIDE, _HINGE = int(mujoco.mjtJoint.mjJNT_SLIDE), int(mujoco.mjtJoint.mjJNT_HINGE)
-
-
-# ---------------------------------------------------------------------------------------------- small batched algebra
-# Every per-state quantity is stored batch-last: a 3-vector is (3, B), a 3x3 matrix (3, 3, B), a stack of bodies'
-# (nbody, 3, 3, B). Each "scalar" of Featherstone's algorithms is then one contiguous length-B vector, so small sums
-# (over 3 or 6 components) are adds of whole vectors and products with model constants are single GEMMs with B columns.
-
-def _cross(a: Tensor, b: Tensor) -> Tensor:
-    """Cross product of batch-last 3-vectors (..., 3, B)."""
-    a0, a1, a2 = a.unbind(-2)
-    b0, b1, b2 = b.unbind(-2)
-    return torch.stack((a1 * b2 - a2 * b1, a2 * b0 - a0 * b2, a0 * b1 - a1 * b0), -2)
-
-
-def _quat_to_frame(q: Tensor) -> Tensor:
-    """Transposed rotation matrix Rᵀ (3, 3, B) of unit wxyz quaternions (4, B) (MuJoCo's ``mju_quat2Mat``, transposed).
-
-    Rotations are kept transposed, as frames: row k of Rᵀ is the body's k-th axis in the world (column k of R). Then
-    the frame's axes are contiguous (3, B) rows, and every product of a frame with a model constant is one 2-D GEMM
-    over a (3, 3B) view: (R C)ᵀ = Cᵀ Rᵀ and R v = vᵀ Rᵀ."""
-    w, x, y, z = q.unbind(0)
-    rows = (1 - 2 * (y * y + z * z), 2 * (x * y + w * z), 2 * (x * z - w * y),
-            2 * (x * y - w * z), 1 - 2 * (x * x + z * z), 2 * (y * z + w * x),
-            2 * (x * z + w * y), 2 * (y * z - w * x), 1 - 2 * (x * x + y * y))
-    return torch.stack(rows, 0).reshape(3, 3, *q.shape[1:])
-
-
-def _normalized(q: Tensor) -> Tensor:
-    return q / torch.linalg.vector_norm(q, dim=0, keepdim=True)
-
-
-def _frame_times(const_t: Tensor, frame: Tensor) -> Tensor:
-    """The frame (R C)ᵀ = Cᵀ Rᵀ of a frame Rᵀ (3, 3, B) and a constant rotation C given as Cᵀ (k, 3: several constants
-    stacked give (k, 3, B) results at once): one GEMM."""
-    return torch.mm(const_t, frame.reshape(3, -1)).reshape(-1, 3, frame.shape[-1])
-
-
-def _point(origin: Tensor | None, frame: Tensor, vec: Tensor, alpha: float = 1.0) -> Tensor:
-    """origin + alpha·R v (3, B) for a frame Rᵀ (3, 3, B) and a constant 3-vector v: one GEMV (origin None: 0)."""
-    flat = frame.reshape(3, -1).t()
-    if origin is None:
-        return torch.mv(flat, vec).reshape(3, -1)
-    return torch.addmv(origin.reshape(-1), flat, vec, alpha=alpha).reshape(3, -1)
-
-
-def _frame_compose(outer: Tensor, inner: Tensor) -> Tensor:
-    """(R₁ R₂)ᵀ = R₂ᵀ R₁ᵀ for frames R₁ᵀ = ``outer`` and R₂ᵀ = ``inner`` (3, 3, B) that both vary (a ball joint)."""
-    return (inner[:, :, None] * outer[None]).sum(1)
-
-
-def _quat_log(q: Tensor) -> Tensor:
-    """Rotation vector of unit wxyz quaternions (MuJoCo's ``mju_quat2Vel`` with dt = 1), angle wrapped to (−π, π].
-
-    Batch-first (..., 4) -> (..., 3): used by the passive springs, which work on the (B, nq) states directly."""
-    w, v = q[..., 0], q[..., 1:]
-    sin_half = torch.linalg.vector_norm(v, dim=-1)
-    angle = 2 * torch.atan2(sin_half, w)
-    angle = torch.where(angle > torch.pi, angle - 2 * torch.pi, angle)
-    # angle / sin_half -> 2 / w as the rotation vanishes; the where keeps gradients finite there
-    safe = torch.where(sin_half > 1e-12, sin_half, torch.ones_like(sin_half))
-    scale = torch.where(sin_half > 1e-12, angle / safe, 2 / w)
-    return v * scale[..., None]
-
-
-def _quat_mul(a: Tensor, b: Tensor) -> Tensor:
-    aw, ax, ay, az = a.unbind(-1)
-    bw, bx, by, bz = b.unbind(-1)
-    return torch.stack((aw * bw - ax * bx - ay * by - az * bz, aw * bx + ax * bw + ay * bz - az * by,
-                        aw * by - ax * bz + ay * bw + az * bx, aw * bz + ax * by - ay * bx + az * bw), -1)
 
 
 # ---------------------------------------------------------------------------------------------- the model
@@ -157,8 +93,9 @@ class RigidBodyDynamics:
     (B, nu). Gradients flow to qpos, qvel and ctrl.
     """
 
-    def __init__(self, model: mujoco.MjModel) -> None:
-        self._check_supported(model)
+    def __init__(self, model) -> None:
+        """``model``: an ``mjModel`` (MuJoCo reads its tables here) or its exported :class:`ModelTables`."""
+        model = model if isinstance(model, ModelTables) else ModelTables.from_mujoco(model)
         self.nq, self.nv, self.nu = int(model.nq), int(model.nv), int(model.nu)
         nbody = int(model.nbody) - 1  # world (body 0) carries no dofs or mass
         self.nbody = nbody
@@ -207,7 +144,7 @@ class RigidBodyDynamics:
             keep_dot=1.0 - free_translation,
             pair_i=pair_i, pair_j=pair_j, pair_lower=pair_i * self.nv + pair_j, pair_upper=pair_j * self.nv + pair_i,
             pair_armature=np.where(pair_i == pair_j, model.dof_armature[pair_i], 0.0),
-            damping=model.dof_damping.copy(), gravity=np.concatenate([np.zeros(3), -model.opt.gravity]),
+            damping=model.dof_damping.copy(), gravity=np.concatenate([np.zeros(3), -model.gravity]),
             qpos0=model.qpos0.copy(), qpos_spring=model.qpos_spring.copy(),
         )
         self._bodies = [self._body_constants(model, b) for b in range(nbody)]
@@ -223,46 +160,10 @@ class RigidBodyDynamics:
 
     # ----------------------------------------------------------------------------------------- construction
 
-    @staticmethod
-    def _check_supported(model: mujoco.MjModel) -> None:
-        problems = []
-        if model.ntendon and (np.any(model.tendon_stiffness) or np.any(model.tendon_damping)):
-            problems.append("tendon stiffness/damping")
-        if model.opt.density or model.opt.viscosity:
-            problems.append("fluid forces (density/viscosity)")
-        if np.any(model.body_gravcomp):
-            problems.append("gravity compensation")
-        if np.any(model.body_mocapid[1:] >= 0):
-            problems.append("mocap bodies")
-        if np.any(model.jnt_actfrclimited):
-            problems.append("joint actuator force limits")
-        for b in range(1, model.nbody):
-            jnt = range(model.body_jntadr[b], model.body_jntadr[b] + model.body_jntnum[b])
-            if any(model.jnt_type[j] == _FREE for j in jnt) and (model.body_parentid[b] != 0 or len(jnt) > 1):
-                problems.append("free joint not alone in a child of the world")
-        for a in range(model.nu):
-            if int(model.actuator_trntype[a]) != int(mujoco.mjtTrn.mjTRN_JOINT):
-                problems.append(f"actuator {a}: transmission other than a joint")
-            elif model.jnt_type[model.actuator_trnid[a, 0]] not in (_HINGE, _SLIDE):
-                problems.append(f"actuator {a}: on a free or ball joint")
-            if int(model.actuator_dyntype[a]) != int(mujoco.mjtDyn.mjDYN_NONE):
-                problems.append(f"actuator {a}: activation dynamics")
-            if int(model.actuator_gaintype[a]) != int(mujoco.mjtGain.mjGAIN_FIXED):
-                problems.append(f"actuator {a}: gain other than fixed")
-            if int(model.actuator_biastype[a]) not in (int(mujoco.mjtBias.mjBIAS_NONE), int(mujoco.mjtBias.mjBIAS_AFFINE)):
-                problems.append(f"actuator {a}: bias other than none/affine")
-        if problems:
-            raise NotImplementedError("RigidBodyDynamics does not model: " + ", ".join(sorted(set(problems))))
-
-    def _spring_layout(self, model: mujoco.MjModel) -> dict[str, np.ndarray]:
+    def _spring_layout(self, model: ModelTables) -> dict[str, np.ndarray]:
         """Which qpos/qvel carry linear springs (hinge, slide, free translation) and which quaternion springs."""
-        disabled = int(model.opt.disableflags)
-        bits = mujoco.mjtDisableBit  # mujoco >= 3.3 split mjDSBL_PASSIVE into SPRING and DAMPER
-        spring_bit = getattr(bits, "mjDSBL_SPRING", None) or getattr(bits, "mjDSBL_PASSIVE")
-        damper_bit = getattr(bits, "mjDSBL_DAMPER", None) or getattr(bits, "mjDSBL_PASSIVE")
-        self.springs_on = not disabled & int(spring_bit)
-        self.dampers_on = not disabled & int(damper_bit)
-        self.gravity_on = not disabled & int(mujoco.mjtDisableBit.mjDSBL_GRAVITY)
+        self.springs_on, self.dampers_on = bool(model.springs_on), bool(model.dampers_on)
+        self.gravity_on = bool(model.gravity_on)
         lin_q, lin_v, lin_k, quat_q, quat_v, quat_k = [], [], [], [], [], []
         for j in range(model.njnt):
             k = float(model.jnt_stiffness[j])
@@ -282,26 +183,24 @@ class RigidBodyDynamics:
                     quat_q=np.asarray(quat_q, np.int64), quat_v=np.asarray(quat_v, np.int64),
                     quat_k=np.asarray(quat_k))
 
-    def _actuator_layout(self, model: mujoco.MjModel) -> dict[str, np.ndarray]:
+    def _actuator_layout(self, model: ModelTables) -> dict[str, np.ndarray]:
         joint = model.actuator_trnid[:, 0]
-        clamp_ctrl = not int(model.opt.disableflags) & int(mujoco.mjtDisableBit.mjDSBL_CLAMPCTRL)
-        limited = model.actuator_ctrllimited.astype(bool) & bool(clamp_ctrl)
+        limited = model.actuator_ctrllimited.astype(bool) & bool(model.clamp_ctrl)
         force_limited = model.actuator_forcelimited.astype(bool)
         inf = np.inf
         return dict(
             qadr=model.jnt_qposadr[joint].astype(np.int64), vadr=model.jnt_dofadr[joint].astype(np.int64),
             gear=model.actuator_gear[:, 0].copy(), gain=model.actuator_gainprm[:, 0].copy(),
-            bias=model.actuator_biasprm[:, :3] * (model.actuator_biastype == int(mujoco.mjtBias.mjBIAS_AFFINE))[:, None],
+            bias=model.actuator_biasprm[:, :3] * (model.actuator_biastype == BIAS_AFFINE)[:, None],
             ctrl_lo=np.where(limited, model.actuator_ctrlrange[:, 0], -inf),
             ctrl_hi=np.where(limited, model.actuator_ctrlrange[:, 1], inf),
             force_lo=np.where(force_limited, model.actuator_forcerange[:, 0], -inf),
             force_hi=np.where(force_limited, model.actuator_forcerange[:, 1], inf),
         )
 
-    def _body_constants(self, model: mujoco.MjModel, b: int) -> dict:
+    def _body_constants(self, model: ModelTables, b: int) -> dict:
         """Body b's static frame data (numpy), with flags for the products that are identities and can be skipped."""
-        rot = _np_quat_to_mat(model.body_quat[b + 1])
-        irot = _np_quat_to_mat(model.body_iquat[b + 1])
+        rot, irot = model.body_rot[b + 1], model.body_irot[b + 1]
         joints = [(j.kind, j.qadr, j.vadr, j.axis, j.pos, bool(np.any(j.pos)), _skew(j.axis).T.copy(),
                    (_skew(j.axis) @ _skew(j.axis)).T.copy()) for j in self.joints[b]]
         return dict(pos=model.body_pos[b + 1].copy(), moved=bool(np.any(model.body_pos[b + 1])),
@@ -348,7 +247,7 @@ class RigidBodyDynamics:
         """
         batch = q.shape[-1]
         positions: list[Tensor] = []
-        frames: list[Tensor] = []  # Rᵀ per body (see _quat_to_frame)
+        frames: list[Tensor] = []  # Rᵀ per body (see quat_to_frame)
         zeros = q.new_zeros(3, batch)
         ang: list[Tensor] = [zeros] * self.nv
         anchors: list[Tensor] = [zeros] * self.nv  # each dof's axis passes through its anchor: lin = anchor × ang
@@ -363,33 +262,33 @@ class RigidBodyDynamics:
                 pos = body["pos"][:, None].expand(3, batch)
                 frame = body["rot_t"][..., None].expand(3, 3, batch).contiguous()
             else:
-                pos = _point(positions[p], frames[p], body["pos"]) if body["moved"] else positions[p]
-                frame = _frame_times(body["rot_t"], frames[p]) if body["rotated"] else frames[p]
+                pos = point(positions[p], frames[p], body["pos"]) if body["moved"] else positions[p]
+                frame = frame_times(body["rot_t"], frames[p]) if body["rotated"] else frames[p]
             rotational: list[tuple[int, Tensor]] = []  # (first dof, anchor): axes are the body's final frame's
             for kind, qa, va, axis, jpos, offset, skews_t in body["joints"]:
                 if kind == _FREE:
                     pos = q[qa:qa + 3]
-                    frame = _quat_to_frame(_normalized(q[qa + 3:qa + 7]))
+                    frame = quat_to_frame(normalized(q[qa + 3:qa + 7]))
                     for k in range(3):
                         direct[va + k] = c["eye"][k][:, None].expand(3, batch)
-                    rotational.append((va + 3, _point(pos, frame, jpos) if offset else pos))
+                    rotational.append((va + 3, point(pos, frame, jpos) if offset else pos))
                     continue
-                world_axis = _point(None, frame, axis)
-                anchor = _point(pos, frame, jpos) if offset else pos
+                world_axis = point(None, frame, axis)
+                anchor = point(pos, frame, jpos) if offset else pos
                 if kind == _SLIDE:
                     pos = pos + world_axis * (q[qa] - c["qpos0"][qa])
                     direct[va] = world_axis
                 elif kind == _HINGE:
                     # R·exp(θ[a]×) = R + sin θ·(R[a]×) + (1 − cos θ)·(R[a]×²), transposed: (R[a]×)ᵀ and (R[a]×²)ᵀ
                     # from one product with the stacked constants
-                    both = _frame_times(skews_t, frame)
+                    both = frame_times(skews_t, frame)
                     frame = torch.addcmul(torch.addcmul(frame, sines[hinge], both[:3]), versines[hinge], both[3:])
                     hinge += 1
-                    pos = _point(anchor, frame, jpos, alpha=-1.0) if offset else anchor
+                    pos = point(anchor, frame, jpos, alpha=-1.0) if offset else anchor
                     ang[va], anchors[va] = world_axis, anchor
                 else:  # ball
-                    frame = _frame_compose(frame, _quat_to_frame(_normalized(q[qa:qa + 4])))
-                    pos = _point(anchor, frame, jpos, alpha=-1.0) if offset else anchor
+                    frame = frame_compose(frame, quat_to_frame(normalized(q[qa:qa + 4])))
+                    pos = point(anchor, frame, jpos, alpha=-1.0) if offset else anchor
                     rotational.append((va, anchor))
             for va, anchor in rotational:
                 axes = frame.unbind(0)  # the frame's rows are the body's axes
@@ -405,7 +304,7 @@ class RigidBodyDynamics:
         inertia_frame = torch.bmm(c["body_irot_t"], flat).reshape(self.nbody, 3, 3, batch) if self.any_irotated \
             else frame_all
         ang_all = torch.stack(ang)
-        lin = _cross(torch.stack(anchors), ang_all)
+        lin = cross(torch.stack(anchors), ang_all)
         if direct:
             lin = lin + torch.stack([direct.get(k, zeros) for k in range(self.nv)])
         return com, inertia_frame, ang_all, lin
@@ -424,8 +323,8 @@ class RigidBodyDynamics:
     @staticmethod
     def _apply_inertia(mass: Tensor, first: Tensor, rotational: Tensor, w: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """Spatial inertia (m, h, I_O) times the motion (w, v): moment I_O w + h × v and force m v − h × w."""
-        moment = (rotational * w[:, None]).sum(2) + _cross(first, v)
-        return moment, mass * v - _cross(first, w)
+        moment = (rotational * w[:, None]).sum(2) + cross(first, v)
+        return moment, mass * v - cross(first, w)
 
     def _subtree_sums(self, x: Tensor) -> list[Tensor]:
         """Σ over each body's subtree of x (nbody, ...), as one leaf-to-root pass (Featherstone's backward pass):
@@ -500,7 +399,7 @@ class RigidBodyDynamics:
         seen_all = torch.cat(seen)
         w, v = seen_all[:, :3], seen_all[:, 3:]
         mw, mv = motion[:, :3], motion[:, 3:]
-        dot = torch.cat((_cross(w, mw), _cross(w, mv) + _cross(v, mw)), 1)  # ṡ_i q̇_i
+        dot = torch.cat((cross(w, mw), cross(w, mv) + cross(v, mw)), 1)  # ṡ_i q̇_i
         if self.has_free:  # a free joint's translation axes are fixed in the world: ṡ = 0
             dot = dot * c["keep_dot"][:, None, None]
         root = c["gravity"][:, None].expand(6, motion.shape[-1]) if self.gravity_on else zero
@@ -513,7 +412,7 @@ class RigidBodyDynamics:
         bw, bv = velocity_all[:, :3], velocity_all[:, 3:]
         hw, hv = self._apply_inertia(mass, first, rotational, bw, bv)  # momentum
         fw, fv = self._apply_inertia(mass, first, rotational, accel_all[:, :3], accel_all[:, 3:])
-        body_force = torch.cat((fw + _cross(bw, hw) + _cross(bv, hv), fv + _cross(bw, hv)), 1)
+        body_force = torch.cat((fw + cross(bw, hw) + cross(bv, hv), fv + cross(bw, hv)), 1)
         subtree_force = self._per_dof(self._subtree_sums(body_force))  # (nv, 6, B)
         return (axes * subtree_force).sum(1).t()
 
@@ -529,7 +428,7 @@ class RigidBodyDynamics:
             quat = quat / torch.linalg.vector_norm(quat, dim=-1, keepdim=True)
             inverse = quat * quat.new_tensor([1.0, -1.0, -1.0, -1.0])
             reference = c["qpos_spring"][qa:qa + 4]
-            dif = _quat_log(_quat_mul(inverse, reference.expand_as(quat)))  # mju_subQuat(spring, q)
+            dif = quat_log(quat_mul(inverse, reference.expand_as(quat)))  # mju_subQuat(spring, q)
             passive = passive.index_add(1, c["spring_quat_v"][j] + torch.arange(3, device=qpos.device),
                                         c["spring_quat_k"][j] * dif)
         return passive
@@ -549,9 +448,3 @@ class RigidBodyDynamics:
 
 def _skew(v: np.ndarray) -> np.ndarray:
     return np.array([[0.0, -v[2], v[1]], [v[2], 0.0, -v[0]], [-v[1], v[0], 0.0]])
-
-
-def _np_quat_to_mat(q: np.ndarray) -> np.ndarray:
-    out = np.zeros(9)
-    mujoco.mju_quat2Mat(out, np.asarray(q, dtype=np.float64) / np.linalg.norm(q))
-    return out.reshape(3, 3)
