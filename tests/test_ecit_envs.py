@@ -85,3 +85,49 @@ def test_graph_scores_on_a_known_cpdag():
     assert shd(truth, est) == 1
     s = skeleton_scores(truth, est)
     assert (s["precision"], s["recall"]) == (1.0, 0.5) and s["f1"] == pytest.approx(2 / 3)
+
+
+def test_sachs_17_arc_dag_is_acyclic_and_differs_from_the_consensus_where_documented():
+    from envs.causal.sachs import sachs_dag_17
+    from envs.causal.sem import topological_order
+    ds = make_dataset({"kind": "sachs"})
+    dag = sachs_dag_17(ds.names)
+    assert int(dag.sum()) == 17 and len(topological_order(dag)) == 11
+    ix = ds.names.index
+    only17 = {(ds.names[i], ds.names[j]) for i, j in zip(*np.nonzero(dag & ~ds.dag))}
+    only18 = {(ds.names[i], ds.names[j]) for i, j in zip(*np.nonzero(ds.dag & ~dag))}
+    assert only17 == {("PKC", "PKA"), ("p44/42", "pakts473"), ("plcg", "PIP3"), ("PIP3", "PIP2")}
+    assert only18 == {("plcg", "PKC"), ("PIP2", "PKC"), ("PIP3", "pakts473"), ("PIP3", "plcg"), ("PIP2", "PIP3")}
+    assert dag[ix("praf"), ix("pmek")] and ds.dag[ix("praf"), ix("pmek")]
+    with pytest.raises(ValueError, match="no column named"):
+        sachs_dag_17(["a", "b"])
+
+
+def test_oriented_scores_count_only_directed_edges_in_the_reference_direction():
+    from envs.causal.graphs import oriented_scores
+    ref = np.zeros((3, 3), dtype=bool)
+    ref[0, 1] = ref[1, 2] = True
+    est = np.zeros((3, 3), dtype=int)
+    est[1, 0], est[0, 1] = 1, -1        # 0 -> 1: right
+    est[1, 2], est[2, 1] = 1, -1        # 2 -> 1: reversed
+    est[0, 2] = est[2, 0] = -1          # undirected: counts nowhere
+    s = oriented_scores(ref, est)
+    assert (s["right"], s["directed"], s["precision"], s["recall"]) == (1, 2, 0.5, 0.5)
+
+
+def test_determinism_dial_runs_from_x_free_of_z_to_x_set_by_z_and_keeps_the_dependence():
+    def partial(x, y, z):
+        rx = x[:, 0] - np.polyval(np.polyfit(z[:, 0], x[:, 0], 1), z[:, 0])
+        ry = y[:, 0] - np.polyval(np.polyfit(z[:, 0], y[:, 0], 1), z[:, 0])
+        return np.corrcoef(rx, ry)[0, 1], np.corrcoef(x[:, 0], z[:, 0])[0, 1]
+    kw = dict(noise="gaussian", nonlinear=False, effect=0.5)
+    free = partial(*ci_triplet(5000, False, np.random.default_rng(0), rho=0.0, **kw))
+    tight = partial(*ci_triplet(5000, False, np.random.default_rng(0), rho=0.99, **kw))
+    assert abs(free[1]) < 0.05 and tight[1] > 0.98 and abs(free[0]) < 0.05 and abs(tight[0]) < 0.05
+    for rho in (0.0, 0.99):   # the alternative's dependence given Z does not fade as X becomes a function of Z
+        assert partial(*ci_triplet(5000, True, np.random.default_rng(1), rho=rho, **kw))[0] > 0.3
+    spec = {"kind": "triplet", "n": 50, "seed": 3, "dependent": True, "rho": 0.5}
+    assert np.array_equal(make_dataset(spec).data, make_dataset(dict(spec)).data)
+    assert not np.array_equal(make_dataset(spec).data, make_dataset({**spec, "rho": 0.9}).data)
+    with pytest.raises(ValueError, match="rho"):
+        ci_triplet(10, False, np.random.default_rng(0), rho=1.5)

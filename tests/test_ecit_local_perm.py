@@ -119,3 +119,37 @@ def test_binomial_combiner_holds_the_level_under_a_bulk_shift_where_stouffer_fai
     assert np.mean([combine(p, "binomial") <= 0.05 for p in heavy]) > 0.5
     signal = stats.norm.sf(rng.normal(1.0, 1.0, size=(200, 40)))
     assert np.mean([combine(p, "binomial") <= 0.05 for p in signal]) > 0.9
+
+
+@pytest.mark.parametrize("dz", [0, 1, 2])
+def test_released_median_width_is_causal_learns_median_width(dz):
+    """The released code's width (GuanZhengkang/ECIT ecit/cit/kcit.py:8,32: est_width='median') as the named option:
+    kci_lp's statistic equals causal-learn's KCI statistic under that width, and differs from the default's."""
+    from causallearn.utils.KCI.KCI import KCI_CInd, KCI_UInd
+
+    from algos.ecit import RELEASED_WIDTH, width_options
+    x, y, z = _triplet(np.random.default_rng(10 + dz), 150, dz)
+    opts = width_options(RELEASED_WIDTH)
+    assert opts == {"est_width": "median"} and width_options("empirical") == {}
+    if dz:
+        t, d = KCI_CInd(**opts), KCI_CInd()
+        ref, default = (c.KCI_V_statistic(*c.kernel_matrix(x, y, z))[0] for c in (t, d))
+    else:
+        t, d = KCI_UInd(**opts), KCI_UInd()
+        ref, default = (c.HSIC_V_statistic(*c.kernel_matrix(x, y))[0] for c in (t, d))
+    kxx, w = kci_statistic_parts(x, y, z, est_width="median")
+    assert np.sum(kxx * w) == pytest.approx(ref, rel=1e-6)
+    assert abs(np.sum(kxx * w) - default) > 1e-3 * abs(default)
+    with pytest.raises(ValueError, match="est_width"):
+        kci_statistic_parts(x, y, z, est_width="manual")
+    with pytest.raises(ValueError, match="kernel width"):
+        width_options("widest")
+
+
+def test_median_width_reaches_both_sub_tests_through_ecit_base_options():
+    x, y, z = _triplet(np.random.default_rng(4), 400, 1)   # null: kci_lp's p is not just its tie-breaking draw
+    for base in ("kci", "kci_lp"):
+        a = ecit_pvalue(x, y, z, base=base, subset_size=200, rng=3, return_subsets=True)[1]
+        b = ecit_pvalue(x, y, z, base=base, subset_size=200, rng=3, return_subsets=True,
+                        base_options={"est_width": "median"})[1]
+        assert a != b   # same subsets and seeds: only the width differs

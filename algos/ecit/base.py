@@ -3,8 +3,8 @@ statistic with a local-permutation null, :mod:`algos.ecit.local_perm`), on array
 
 ``base_pvalue(x, y, z, base)`` tests X _||_ Y | Z on the rows given (2-D arrays, one row per sample; ``z`` may be
 None or have 0 columns). KCI takes multi-column X and Y; Fisher-z one column each. Options go to causal-learn's
-test class unchanged (e.g. KCI's ``kernelX``, ``est_width``, ``approx``); ``kci_lp`` takes ``n_perm`` and
-``bin_size`` and draws its permutations from numpy's global generator (seeded per subset by
+test class unchanged (e.g. KCI's ``kernelX``, ``est_width``, ``approx``); ``kci_lp`` takes ``n_perm``,
+``bin_size`` and ``est_width`` (:func:`width_options` names the released code's width for both) and draws its permutations from numpy's global generator (seeded per subset by
 :func:`algos.ecit.ecit.subset_pvalue`), like causal-learn's own random draws.
 """
 from __future__ import annotations
@@ -12,6 +12,19 @@ from __future__ import annotations
 import numpy as np
 
 BASES = ("kci", "fisherz", "kci_lp")
+# KCI's kernel width, for both KCI and kci_lp: causal-learn's default "empirical" (1.2 / 0.7 / 0.4 by n, Z's shape), or
+# "median" (sqrt(2) * the median distance of each kernel's input), the one the released E-CIT code passes to
+# causal-learn for every KCI, subset and full-data (GuanZhengkang/ECIT ecit/cit/kcit.py:8,32)
+KCI_WIDTHS = ("empirical", "median")
+RELEASED_WIDTH = "median"
+
+
+def width_options(width: str) -> dict:
+    """The base options that give KCI and kci_lp the named kernel width (:data:`KCI_WIDTHS`); ``{}`` for the
+    default, so records made without the option keep their meaning."""
+    if width not in KCI_WIDTHS:
+        raise ValueError(f"kernel width: choose from {', '.join(KCI_WIDTHS)}, got {width!r}")
+    return {} if width == "empirical" else {"est_width": width}
 
 
 def as_columns(a, name: str, n: int | None = None, allow_empty: bool = False) -> np.ndarray:

@@ -23,6 +23,13 @@ The p-value is the randomised permutation p-value, p = (#{T_b > T} + U (1 + #{T_
 for exchangeable (T, T_1..T_B) it is exactly U(0, 1), not only at the level (the plain (1 + #{T_b >= T}) / (B + 1)
 is discrete, puts mass on p = 1 and biases the mean z of a Stouffer-type sum downwards).
 
+Widths: ``est_width`` "empirical" (causal-learn's default, set from n and Z's columns) or "median" (the released
+E-CIT code's: GuanZhengkang/ECIT ``ecit/cit/kcit.py:8,32`` passes ``est_width='median'`` to causal-learn, whose
+``GaussianKernel.set_width_median`` sets each kernel's width to sqrt(2) * the median distance of its own input,
+[x, z/2] for Kx, y for Ky, z for Kz, on a random 1000 rows when n > 1000; z-scored inputs when conditional, raw
+ones when not, as causal-learn does). The statistic is then causal-learn's KCI
+with that width; the null is the permutations' either way.
+
 Cost: the kernels and Z's regression are built once (O(m^3), no eigendecompositions, unlike the gamma fit); with
 Kx on [x, z/2] a product Kxx * Kzz', the permuted statistic is sum(Kxx[pi][:, pi] * W) for one fixed matrix W, so
 each permutation is a gather and a dot, O(m^2).
@@ -34,6 +41,8 @@ import numpy as np
 EPSILON = 1e-3          # causal-learn's ridge in Rz = eps (Kz + eps I)^-1 (KCI_CInd.epsilon_x)
 N_PERM = 199
 BIN_SIZE = 8
+WIDTHS = ("empirical", "median")   # causal-learn's default; the released code's (module docstring)
+MEDIAN_ROWS = 1000                 # causal-learn's median trick subsamples this many rows when n is larger
 
 
 def _zscore(a: np.ndarray) -> np.ndarray:
@@ -59,6 +68,18 @@ def _empirical_theta(n: int, hsic: bool) -> float:
     else:
         width = 1.2 if n < 200 else 0.7 if n < 1200 else 0.4
     return 1.0 / width ** 2
+
+
+def _median_theta(a: np.ndarray, rng: np.random.Generator | None) -> float:
+    """1 / width^2 with width = sqrt(2) * the median positive distance between rows (GaussianKernel.set_width_median;
+    its subsample of MEDIAN_ROWS rows is drawn from ``rng`` here, from numpy's global generator there)."""
+    if a.shape[0] > MEDIAN_ROWS:
+        a = a[(rng or np.random.default_rng(0)).permutation(a.shape[0])[:MEDIAN_ROWS]]
+    d = np.sqrt(_sqdist(a))
+    positive = d[d > 0]
+    if positive.size == 0:
+        raise ValueError("kci_lp: median width of a constant input (every distance is 0)")
+    return 1.0 / (2.0 * float(np.median(positive)) ** 2)
 
 
 def _center(k: np.ndarray) -> np.ndarray:
@@ -97,29 +118,41 @@ def _permutations(cells: list[np.ndarray] | None, n: int, n_perm: int, rng: np.r
     return perms
 
 
-def kci_statistic_parts(x: np.ndarray, y: np.ndarray, z: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+def kci_statistic_parts(x: np.ndarray, y: np.ndarray, z: np.ndarray | None, est_width: str = "empirical",
+                        rng: np.random.Generator | None = None) -> tuple[np.ndarray, np.ndarray]:
     """(Kxx, W) with KCI's V statistic = sum(Kxx * W) and, for X permuted by pi, sum(Kxx[pi][:, pi] * W).
 
-    Same statistic as causal-learn's KCI with its defaults (Gaussian kernels, empirical widths, z-scored data):
+    Same statistic as causal-learn's KCI with Gaussian kernels, z-scored data and the width ``est_width`` names
+    (:data:`WIDTHS`; ``rng`` draws the median's subsample when n > 1000):
     conditional, KCI_CInd.KCI_V_statistic = sum(Rz Kx~ Rz * Rz Ky~ Rz) with Kx~ the centred kernel on [x, z/2],
     Ky~ on y, Rz = eps (Kz~ + eps I)^-1. Since Kx on [x, z/2] is Kxx * Kzh (elementwise) and the centring H and Rz
     are symmetric, the statistic equals sum(Kxx * (Kzh * H Rz KyR Rz H)). Unconditional: HSIC's sum(Kx~ * Ky~) =
     sum(Kxx * Ky~).
     """
+    if est_width not in WIDTHS:
+        raise ValueError(f"kci_lp: est_width must be one of {', '.join(WIDTHS)}, got {est_width!r}")
     n = x.shape[0]
+    median = est_width == "median"
     xs, ys = _zscore(x), _zscore(y)
     if z is None or z.shape[1] == 0:
         theta = _empirical_theta(n, hsic=True)
-        kxx = np.exp(-0.5 * _sqdist(xs) * theta * xs.shape[1])
-        kyy = np.exp(-0.5 * _sqdist(ys) * theta * ys.shape[1])
+        # causal-learn's unconditional KCI takes the median of the raw inputs, before z-scoring them (KCI_UInd.
+        # kernel_matrix), its conditional KCI of the z-scored ones: the same here, so the statistic is the same
+        tx = _median_theta(x, rng) if median else theta * xs.shape[1]
+        ty = _median_theta(y, rng) if median else theta * ys.shape[1]
+        kxx = np.exp(-0.5 * _sqdist(xs) * tx)
+        kyy = np.exp(-0.5 * _sqdist(ys) * ty)
         return kxx, _center(kyy)
     zs = _zscore(z)
-    width = _empirical_theta(n, hsic=False) / zs.shape[1]   # set from Z's shape for all three kernels
+    if median:   # each kernel its own input's median: Kx's input is [x, z/2]
+        tx, ty, tz = (_median_theta(np.hstack([xs, 0.5 * zs]), rng), _median_theta(ys, rng), _median_theta(zs, rng))
+    else:        # empirical: one width, set from Z's shape, for all three kernels
+        tx = ty = tz = _empirical_theta(n, hsic=False) / zs.shape[1]
     dz = _sqdist(zs)
-    kxx = np.exp(-0.5 * _sqdist(xs) * width)
-    kzh = np.exp(-0.5 * 0.25 * dz * width)                  # the z/2 columns of Kx's input
-    ky = _center(np.exp(-0.5 * _sqdist(ys) * width))
-    kz = _center(np.exp(-0.5 * dz * width))
+    kxx = np.exp(-0.5 * _sqdist(xs) * tx)
+    kzh = np.exp(-0.5 * 0.25 * dz * tx)                     # the z/2 columns of Kx's input
+    ky = _center(np.exp(-0.5 * _sqdist(ys) * ty))
+    kz = _center(np.exp(-0.5 * dz * tz))
     # Rz = eps (Kz + eps I)^-1 by a symmetric eigendecomposition (causal-learn uses pinv: the same for a PSD Kz)
     lam, vec = np.linalg.eigh(kz)
     rz = (vec * (EPSILON / (np.maximum(lam, 0.0) + EPSILON))) @ vec.T
@@ -129,15 +162,16 @@ def kci_statistic_parts(x: np.ndarray, y: np.ndarray, z: np.ndarray | None) -> t
 
 
 def kci_lp_pvalue(x: np.ndarray, y: np.ndarray, z: np.ndarray | None, rng: np.random.Generator,
-                  n_perm: int = N_PERM, bin_size: int = BIN_SIZE) -> float:
+                  n_perm: int = N_PERM, bin_size: int = BIN_SIZE, est_width: str = "empirical") -> float:
     """Randomised local-permutation p-value of KCI's statistic for X _||_ Y | Z (module docstring). ``x``, ``y``,
-    ``z``: 2-D arrays, one row per sample (``z`` None or 0 columns: unconditional, a full permutation)."""
+    ``z``: 2-D arrays, one row per sample (``z`` None or 0 columns: unconditional, a full permutation);
+    ``est_width``: the kernels' width rule, "empirical" or "median" (:data:`WIDTHS`)."""
     if n_perm < 1:
         raise ValueError(f"kci_lp: n_perm must be >= 1, got {n_perm}")
     if bin_size < 2:
         raise ValueError(f"kci_lp: bin_size must be >= 2 rows, got {bin_size}")
     n = x.shape[0]
-    kxx, w = kci_statistic_parts(x, y, z)
+    kxx, w = kci_statistic_parts(x, y, z, est_width, rng)
     cond = z is not None and z.shape[1] > 0
     cells = z_cells(_zscore(z), bin_size) if cond else None
     perms = _permutations(cells, n, n_perm, rng)

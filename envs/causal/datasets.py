@@ -2,7 +2,8 @@
 carries the spec (a few numbers) and the worker rebuilds the data once and caches it.
 
     {"kind": "triplet", "n": 4000, "seed": 3, "dependent": true, "dz": 1, "noise": "t3", "effect": 0.5,
-     "nonlinear": true}                                 columns [x, y, z_1..z_dz]; truth: dependent or not
+     "nonlinear": true, "rho": 0.9}                     columns [x, y, z_1..z_dz]; truth: dependent or not
+                                                        (rho optional: the determinism dial, envs.causal.triplets)
     {"kind": "sem", "n": 4000, "seed": 3, "d": 8, "degree": 2.0, "sem": "linear"|"nonlinear", "noise": "t3"}
                                                         columns = nodes; truth: the DAG
     {"kind": "sachs", "rows": "general"|"all", "log": true}
@@ -50,7 +51,8 @@ def _cached(key: str) -> Dataset:
         dz = int(spec.get("dz", 1))
         x, y, z = ci_triplet(int(spec["n"]), bool(spec["dependent"]), np.random.default_rng(int(spec["seed"])),
                              dz=dz, noise=spec.get("noise", "t3"), effect=float(spec.get("effect", 0.5)),
-                             nonlinear=bool(spec.get("nonlinear", True)))
+                             nonlinear=bool(spec.get("nonlinear", True)),
+                             rho=None if spec.get("rho") is None else float(spec["rho"]))
         return Dataset(np.hstack([x, y, z]), ["x", "y"] + [f"z{i}" for i in range(dz)],
                        dependent=bool(spec["dependent"]))
     if kind == "sem":
