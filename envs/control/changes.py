@@ -9,6 +9,8 @@ Changes (``CHANGES``), each a gymnasium wrapper, ``CHANGES[name](env, **params)`
   mass             mass and inertia of one body (default torso; pole for InvertedPendulum) × ``scale`` (1.2–1.5)
   gear             actuator gear × ``scale`` (0.75)
   gravity          gravity magnitude set to ``g`` or × ``scale``
+  randomize        domain randomisation, redrawn every episode: friction and link masses within ranges
+                   (``envs.control.domain_randomization``: LIFT's pretraining ranges as ratios)
 
 MuJoCo edits act in place on ``env.unwrapped.model`` (each gymnasium env owns its model, so other envs are
 unaffected) and persist over resets. Pendulum-v1 is edited through its ``g``/``m`` attributes and, for the gear, by
@@ -195,12 +197,15 @@ class TargetVelocity(gym.Wrapper, RecordConstructorArgs):
         return self._observe(obs), float(reward), terminated, truncated, info
 
 
+from envs.control.domain_randomization import DomainRandomization  # noqa: E402 - it needs nothing of this module
+
 CHANGES: dict[str, type[gym.Wrapper]] = {
     "target_velocity": TargetVelocity,
     "friction": Friction,
     "mass": Mass,
     "gear": Gear,
     "gravity": Gravity,
+    "randomize": DomainRandomization,
 }
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -37,9 +38,17 @@ log = logging.getLogger(__name__)
 
 def train_fn(config: dict) -> None:
     """Rounds of collect -> remember -> update -> publish until the env-step budget (or ``stop_return``)."""
-    learner = PretrainLearner(config)
+    run_rounds(PretrainLearner(config))
+
+
+def run_rounds(learner: "PretrainLearner", should_stop: Callable[[], bool] | None = None) -> bool:
+    """The one pretraining loop. ``should_stop`` (a study's deadline) pauses it between rounds with a checkpoint that
+    the next call resumes from; returns True once the budget is done (``agent.pt`` and ``policy.pt`` written)."""
     learner.start()
     while not learner.done:
+        if should_stop is not None and should_stop():
+            learner.pause()
+            return False
         batch, lag = learner.take_round()  # 1.
         learner.remember(batch)  # 2.
         train_metrics = learner.update()  # 3.
@@ -48,12 +57,50 @@ def train_fn(config: dict) -> None:
             learner.send_round()  # the next round acts with the policy just published
         learner.end_round(lag, train_metrics)
     learner.close()
+    return True
+
+
+def run_one_rank(config: dict, should_stop: Callable[[], bool] | None = None, pool: Any | None = None) -> bool:
+    """``train_fn`` in this process as rank 0 of 1, without Ray: the pool's samplers run here (``LocalPool``, its
+    env steps counted in this process's CPU time) and the checkpoint is kept in ``run_path/checkpoints`` (a second
+    call resumes). Returns True when the budget is done; False when ``should_stop`` paused it."""
+    from cluster.local_pool import LocalPool
+    from experiments.registry import sampler_factories
+    local = pool or LocalPool(sampler_factories())
+    try:
+        with ddp.local_session(Path(config["run_path"]) / "checkpoints"):
+            return run_rounds(PretrainLearner(config, pool=SubmittingPool(local)), should_stop)
+    finally:
+        if pool is None:
+            local.close()
+
+
+class SubmittingPool:
+    """``LocalPool`` with ``SharedPool.submit``: the map runs at once and its result waits (one process has nothing
+    to overlap with, so the learner's one-round policy lag stays as on the cluster)."""
+
+    def __init__(self, pool: Any) -> None:
+        self.pool = pool
+
+    def submit(self, sampler: str, requests: list[dict], **kwargs: Any) -> "_Done":
+        return _Done(self.pool.map(sampler, requests, **kwargs))
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.pool, name)
+
+
+class _Done:
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+    def result(self) -> Any:
+        return self.value
 
 
 class PretrainLearner:
     """This rank's SAC agent (identical on every rank), replay ring, Parquet replay and env shards on the pool."""
 
-    def __init__(self, config: dict) -> None:
+    def __init__(self, config: dict, pool: Any | None = None) -> None:
         ddp.set_threads(config["torch_threads"])
         ddp.quiet_logs()
         self.exp = exp = Config(**config["experiment"])
@@ -78,7 +125,7 @@ class PretrainLearner:
         self.resume()
         self.agent.wrap(ddp.wrap_ddp)
 
-        self.pool = attach_pool(config["pool"], scope=config["run_id"])
+        self.pool = pool if pool is not None else attach_pool(config["pool"], scope=config["run_id"])
         self.policy_key = f"{config['run_id']}/policy"
         self.shards = [self.rank * exp.num_shards + s for s in range(exp.num_shards)]
         self.env_configs = [self.shard_config(config, g) for g in self.shards]
@@ -208,6 +255,15 @@ class PretrainLearner:
                  "sample_gen": self.sample_gen.get_state(), "journal": self.journal.parts()}
         with ddp.checkpoint_dir() as d:
             save_checkpoint(d, state, self.agent, row)
+
+    def pause(self) -> None:
+        """Stop between rounds with a checkpoint (the round in flight is dropped: its steps were never counted)."""
+        for p in self.pending if self.exp.overlap else []:
+            p.result()
+        self.save_replay()
+        self.checkpoint({"env_steps": self.counters["env_steps"], "updates": self.agent.num_updates})
+        if self.metrics is not None:
+            self.metrics.close()
 
     def close(self) -> None:
         """Wait for the round still in flight; rank 0 writes the final policy and agent (what stage 2-3 load)."""
