@@ -1,14 +1,12 @@
 """The GPU check: on a machine with one NVIDIA GPU (and ~16 cores), run what only a GPU can show.
 
-    python -m benchmarks.gpu_check --tier device          # a lent GPU machine: its own torch, no Ray (~2 min)
     OMP_NUM_THREADS=1 python -m benchmarks.gpu_check [--tier all] [--minutes 16] [--record benchmarks/RESULTS.md]
-    python -m benchmarks.gpu_check --tier device --device cpu   # rehearse the device rows on a CPU
+    python -m benchmarks.gpu_check --tier device [--device cpu]   # the device tier alone (benchmarks/gpu)
 
-Tier ``device`` (``benchmarks/gpu_rows.py``; torch, transformers and tokenizers only): the device, matmul TFLOP/s
-in fp32/tf32/bf16, real multi-process collectives (gloo over GPU tensors with 2 ranks; ``cpu:gloo,cuda:nccl`` with
-world size 1, all one GPU allows), AttnRL generation with FCI on the GPU from a bf16-saved Qwen2 with the real
-vocabulary, one PPO update at lr 1e-6 (fp32 master weights, > 90 % of them must move), the log-prob temporaries'
-bound, and the learner checkpoint resumed from the GPU onto the CPU.
+Tier ``device`` is ``benchmarks/gpu`` (torch, transformers, tokenizers and numpy only; a lent GPU machine runs it
+alone with ``benchmarks/first_gpu_run.sh``): device info and matmul, real multi-process collectives, AttnRL
+generation with FCI, one PPO update at lr 1e-6, the learner's state saved on the GPU and resumed on the CPU, the
+learner's log-prob call's peak memory, VIDD's stage 0 and sampler, LIFT's physics prior against MuJoCo's terms.
 
 Tier ``ray`` (needs orrery's whole environment: Ray, MuJoCo, rdkit): runs at ``scale=paper`` on a Ray head started
 here with the GPU, each driver under ``CUDA_VISIBLE_DEVICES=""`` (a head without a GPU), mostly with every learner as
@@ -19,8 +17,8 @@ two Ray Train workers sharing the GPU (0.4 GPU each, gloo on CUDA tensors: NCCL 
   vidd_molecule (stage 0 reports from inside its Ray task that it ran on the GPU) -> attnrl on the bf16 Qwen2.
   Every row asserts exit 0, the DDP replicas identical (``param_max_abs_diff`` 0; AttnRL fails by itself when its
   ranks' digests differ), the precision ``bf16: auto`` chose on the learners' GPU, and what it is there to show.
-Each row prints one line; the exit status is 1 if any row failed, 2 without CUDA for ``--device cuda`` (nothing
-checked). ``tests/test_gpu_check.py`` puts known bugs back and sees rows fail; ``tests/test_readme_commands.py``
+Each row prints one line; the exit status is 1 if any row failed (or, on a GPU, did not run), 2 without CUDA for
+``--device cuda`` (nothing checked). ``tests/test_gpu_check.py`` puts known bugs back and sees rows fail; ``tests/test_readme_commands.py``
 validates the configs.
 """
 from __future__ import annotations
@@ -43,8 +41,9 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from benchmarks.gpu.hf_model import HF_VOCAB, build_hf_model  # noqa: E402,F401 - the Ray tier's AttnRL model
+
 SECTION = "## GPU check (`benchmarks/gpu_check.py`)"
-HF_VOCAB = 151_643  # Qwen2's tokenizer size (DeepSeek-R1-Distill-Qwen-1.5B); the embedding is padded to 151,936
 
 # scale=paper placed on one GPU and 16 CPUs: 2 learners x (0.4 GPU, 2 CPUs) + 2 model samplers x 0.1 GPU
 POOL = ["pool.num_workers=4", "pool.num_cpus=1", "pool.groups.gpu.num_workers=2", "pool.groups.gpu.num_cpus=1",
@@ -108,68 +107,6 @@ def steps(runs: Path, hf_dir: Path | None) -> list[Step]:
               "experiment.eval_problems_per_difficulty=4", "experiment.sft.eval_problems_per_difficulty=4"],
              130, "attnrl", ["stage0_on_gpu"], needs_hf=True, replicas_in_metrics=False),
     ]
-
-
-# ------------------------------------------------------------------------------------------------- the HF model
-
-def build_hf_model(path: Path, vocab_size: int = HF_VOCAB, embedding_size: int = 151_936, hidden: int = 64,
-                   save_dtype: str = "bfloat16") -> Path:
-    """A small random-weight Qwen2 causal LM with a real-size vocabulary, saved locally (no hub) in ``save_dtype``,
-    bf16 as DeepSeek-R1-Distill-Qwen-1.5B is stored (a loader that keeps the checkpoint's dtype then trains in pure
-    bf16, which an fp32-saved model would hide). The tokenizer is byte-level like Qwen's (one token per byte, so
-    newline, the step delimiter ``HFCodec`` looks for, is a token, and text round-trips), no merges, filler tokens
-    up to ``vocab_size``; the logits are as wide as the 1.5B model's."""
-    import torch
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
-    byte_symbols = pre_tokenizers.ByteLevel.alphabet()
-    vocab = {c: i for i, c in enumerate(sorted(byte_symbols))}
-    vocab.update({f"<|x{i}|>": i for i in range(len(vocab), vocab_size - 1)})
-    vocab["<|endoftext|>"] = vocab_size - 1
-    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
-    tok.decoder = decoders.ByteLevel()
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>", pad_token="<|endoftext|>")
-    cfg = Qwen2Config(vocab_size=max(embedding_size, vocab_size), hidden_size=hidden, intermediate_size=2 * hidden,
-                      num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048,
-                      tie_word_embeddings=True, eos_token_id=vocab_size - 1, pad_token_id=vocab_size - 1)
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(0)
-        Qwen2ForCausalLM(cfg).to(getattr(torch, save_dtype)).save_pretrained(path)
-    fast.save_pretrained(path)
-    return path
-
-
-# ------------------------------------------------------------------------------------------------ device checks
-
-def device_info() -> dict[str, Any]:
-    import torch
-
-    from algos.precision import use_bf16
-    if not torch.cuda.is_available():
-        return {"cuda": False}
-    props = torch.cuda.get_device_properties(0)
-    return {"cuda": True, "name": props.name, "memory_gb": round(props.total_memory / 2**30, 1),
-            "capability": f"{props.major}.{props.minor}", "bf16_auto": use_bf16("auto", "cuda"),
-            "torch": torch.__version__, "cuda_version": torch.version.cuda}
-
-
-def matmul_tflops(n: int = 4096, repeats: int = 20) -> dict[str, float]:
-    import torch
-    out = {}
-    for name, dtype, tf32 in (("fp32", torch.float32, False), ("tf32", torch.float32, True),
-                              ("bf16", torch.bfloat16, False)):
-        torch.backends.cuda.matmul.allow_tf32 = tf32
-        a, b = torch.randn(n, n, device="cuda", dtype=dtype), torch.randn(n, n, device="cuda", dtype=dtype)
-        a @ b
-        torch.cuda.synchronize()
-        start = time.perf_counter()
-        for _ in range(repeats):
-            a @ b
-        torch.cuda.synchronize()
-        out[name] = 2 * n ** 3 * repeats / (time.perf_counter() - start) / 1e12
-    torch.backends.cuda.matmul.allow_tf32 = False
-    return out
 
 
 # ---------------------------------------------------------------------------------------------------- the runs
@@ -301,14 +238,12 @@ def _headline(summary: dict) -> str:
     return ", ".join(f"{k}={summary[k]}" for k in keys if summary.get(k) is not None)[:200]
 
 
-def report(info: dict, tflops: dict, device_rows: list, rows: list[dict]) -> str:
+def report(info: dict, device_rows: list, rows: list[dict]) -> str:
+    from benchmarks.gpu.rows import table
     lines = [SECTION, "", f"Command: `python -m benchmarks.gpu_check {' '.join(sys.argv[1:])}`",
              "", f"Device: {json.dumps(info)}", ""]
-    if tflops:
-        lines += ["| matmul 4096^3 | TFLOP/s |", "|---|---|", *[f"| {k} | {v:.1f} |" for k, v in tflops.items()], ""]
     if device_rows:
-        lines += ["| device row | ok | what it checked, the figure |", "|---|---|---|"]
-        lines += [f"| {r.name} | {'ok' if r.ok else 'FAIL'} | {r.line} |" for r in device_rows] + [""]
+        lines += [table(device_rows)]
     if rows:
         lines += ["| step (scale=paper on one GPU) | status | wall s | summary |", "|---|---|---|---|"]
         lines += [f"| {r['step']} | {r['status']} | {r.get('wall_s', '')} | {r.get('summary', '')} |" for r in rows]
@@ -318,43 +253,45 @@ def report(info: dict, tflops: dict, device_rows: list, rows: list[dict]) -> str
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--tier", choices=("device", "ray", "all"), default="all",
-                   help="device: no Ray needed (a lent GPU machine); ray: the scale=paper runs; all: both")
+                   help="device: no Ray needed (benchmarks/gpu); ray: the scale=paper runs; all: both")
     p.add_argument("--device", default="cuda", help="cuda; cpu rehearses the device tier (no GPU figures)")
     p.add_argument("--minutes", type=float, default=16.0, help="time budget for the Ray runs")
     p.add_argument("--record", type=Path, default=None, help="write the section into this RESULTS.md")
     args = p.parse_args(argv)
-    from benchmarks import gpu_rows
+    from benchmarks.gpu import tier
+    from benchmarks.gpu.device import describe
     on_cuda = args.device.startswith("cuda")
-    info = device_info() if on_cuda else {"cuda": False, "device": args.device}
-    print(f"[gpu_check] device: {info}", flush=True)
-    if on_cuda and not info["cuda"]:
+    import torch
+    if on_cuda and not torch.cuda.is_available():
         print("[gpu_check] no CUDA device: nothing checked (the CPU paths are the test suite's)", flush=True)
         return 2
-    tflops = matmul_tflops() if on_cuda else {}
-    if tflops:
-        print(f"[gpu_check] matmul TFLOP/s: { {k: round(v, 1) for k, v in tflops.items()} }", flush=True)
     workdir = Path(tempfile.mkdtemp(prefix="orrery-gpu-check-"))
+    info: dict = {}
     device_rows, rows = [], []
     try:
         if args.tier in ("device", "all"):
-            device_rows = gpu_rows.run(args.device, workdir)
+            device_rows, info = tier.run(args.device, workdir)
+        else:
+            info = describe(args.device)
         if args.tier in ("ray", "all"):
             if on_cuda:
-                rows = run_all(args.minutes, workdir, bool(info["bf16_auto"]))
+                rows = run_all(args.minutes, workdir, bool(info.get("bf16_auto")))
             else:
                 print("[gpu_check] the Ray tier needs a GPU: skipped", flush=True)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
-    section = report(info, tflops, device_rows, rows)
+    section = report(info, device_rows, rows)
     print(section)
     if args.record:
         from benchmarks.results_md import replace_section
         replace_section(args.record, SECTION, section)
+    device_ok = tier.passed(device_rows, args.device)
     failed = [r.name for r in device_rows if not r.ok] + [r["step"] for r in rows if not r["ok"]]
-    if failed:
+    if not device_ok or any(not r["ok"] for r in rows):
         print(f"[gpu_check] FAILED: {', '.join(failed)}", flush=True)
         return 1
-    print(f"[gpu_check] all {len(device_rows) + len(rows)} rows ok", flush=True)
+    print(f"[gpu_check] all {len(device_rows) + len(rows)} rows passed"
+          + (f" ({', '.join(failed)} not run: CUDA only)" if failed else ""), flush=True)
     return 0
 
 

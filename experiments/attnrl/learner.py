@@ -30,6 +30,7 @@ from cluster.pool_config import DEFAULT_GROUP, PoolConfig
 from cluster.store import ParquetStore
 from envs.reasoning.task import ReasoningTask
 from experiments.attnrl.config import Config
+from experiments.attnrl.learner_state import learner_state
 from experiments.attnrl.pool_generation import PoolGenerator, RecordingTask
 from experiments.attnrl.ranks import (DONE_FILE, STATE_FILE, Follower, load_policies, saved_state, update_context,
                                       write_rank_shard)
@@ -155,6 +156,7 @@ class Learner:
             raise RuntimeError(f"resume: the replay reached update {self.updates} with (tokens, calls, replaying) "
                                f"{where}, the checkpoint has {(saved['generated_tokens'], saved['calls'], False)}")
         self.policy.model.load_state_dict(saved["weights"]["state_dict"])
+        self.progress.resumed_at(saved["generated_tokens"])  # the rate and ETA of this attempt
         log.info("%s: replayed %d updates (%d generation calls), continuing live", self.method, self.updates,
                  saved["calls"])
 
@@ -175,13 +177,9 @@ class Learner:
 
     def state(self) -> dict:
         """The learner's state after ``self.updates`` updates (the rest is rebuilt by replaying the rollout log)."""
-        optimizer = self.context.optimizer
-        return {"weights": self.weights_fn(self.policy) if self.updates else None,
-                "optimizer": optimizer.state_dict() if optimizer is not None else None,
-                "updates": self.updates, "calls": len(self.generation.calls),
-                "generated_tokens": self.generation.generated_tokens,
-                "wall_s": time.perf_counter() - self.t_start, "parts": self.journal.parts(),
-                "run_path": str(self.run_path)}
+        return learner_state(self.weights_fn(self.policy) if self.updates else None, self.context.optimizer,
+                             self.updates, len(self.generation.calls), self.generation.generated_tokens,
+                             time.perf_counter() - self.t_start, self.journal.parts(), self.run_path)
 
     def checkpoint(self, row: dict, done: bool) -> None:
         with ddp.checkpoint_dir() as d:

@@ -24,6 +24,7 @@ from algos.attnrl.ppo import UpdateContext, follow_updates
 from algos.precision import use_bf16
 from cluster import ddp
 from experiments.attnrl.config import Config
+from experiments.attnrl.learner_state import load_learner_state
 from experiments.attnrl.sft_stage import load_sft
 from experiments.attnrl.weights import build_policy
 
@@ -39,7 +40,7 @@ def saved_state(method: str) -> dict | None:
     with ddp.latest_checkpoint() as ckpt:
         if ckpt is None:
             return None
-        state = torch.load(ckpt / STATE_FILE, map_location="cpu", weights_only=True)
+        state = load_learner_state(ckpt / STATE_FILE)
         state["done"] = (ckpt / DONE_FILE).exists()
     if state["done"]:
         log.info("%s already finished in this run: nothing to do", method)

@@ -1,0 +1,5 @@
+import sys
+
+from benchmarks.gpu.tier import main
+
+sys.exit(main())
