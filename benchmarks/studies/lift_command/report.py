@@ -1,0 +1,204 @@
+"""lift_command's section from its records alone, whatever has finished: the start model and its checks, the gates,
+each condition's table beside the same method's no-change arm, the declared predictions' verdicts, the budget spent.
+"""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+
+from benchmarks.study.stats import fmt_interval, paired, t_interval
+from benchmarks.studies.lift_command import plan
+
+OBJECTION = ("**The authors' first objection** (declared in `benchmarks/studies/lift_command/plan.py` before any seed "
+             "ran): *the start model is not ours and the change is not ours* (LIFT pretrains a command-conditioned "
+             "policy under domain randomisation for 40M+ steps and finetunes it to a command outside its range over "
+             "a horizon ramp that reaches H = 20). **The design's answer:** the start model is command-conditioned "
+             f"(v* ~ U{tuple(plan.COMMAND_RANGE)} m/s) and pretrained under LIFT's randomisation ranges as ratios "
+             "(friction x U(1/3, 1), link masses x U(0.98, 1.02), torso +-5.15 %) by the learner users run, held by "
+             "a rule declared before it ran; LIFT's own change (a command 1.5 x the range's edge) and one rigid-body "
+             "change outside the randomisation (actuator gear); LIFT's whole horizon schedule (H 1 -> 20 over 11 "
+             "epochs), HUPT x0.1 for every method alike; a no-change arm instead of a keep-threshold; "
+             "`sac_deterministic` separates the model from deterministic acting. **Not answered:** "
+             f"{plan.PRETRAIN_STEPS // 1000}k pretraining steps, not 40M; a planar walker; 2 SAC steps per real step "
+             "at the ramp's end, not 20.")
+METRICS = (  # (record metric, column, format)
+    *((f"return_at.{s}", f"return @{s}", "{:.0f}") for s in plan.FIXED_STEPS),
+    ("steps_to_80_censored", f"real steps to 80 % (censored at {plan.REAL_STEPS})", "{:.0f}"),
+    ("falls_per_1000", "falls / 1000 real steps", "{:.2f}"),
+)
+
+
+def value(record: dict, key: str) -> float | None:
+    node = record["metrics"]
+    for part in key.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return None
+        node = node[part]
+    return float(node) if isinstance(node, (int, float)) and math.isfinite(node) else None
+
+
+def by_seed(records: list[dict], condition: str, method: str, key: str) -> dict[int, float]:
+    out = {}
+    for r in records:
+        if r["role"] == "report" and r["method"] == method and r["setting"]["condition"] == condition:
+            v = value(r, key)
+            if v is not None:
+                out[r["seed"]] = v
+    return out
+
+
+def start_lines(recs: dict[str, dict]) -> list[str]:
+    if "pretrain" not in recs:
+        return [f"Start model: pretraining in progress ({plan.PRETRAIN_STEPS} env steps declared; the learner "
+                "`experiments/lift/pretrain_learner.run_one_rank`, checkpointed every <= 15 min)."]
+    r = recs["pretrain"]
+    m, evals = r["metrics"], r["curves"]["eval_return"]
+    lines = [f"Start model: {m['env_steps']} env steps, {m['updates']} SAC updates by the learner users run, on "
+             f"Walker2d with a command v* ~ U{tuple(plan.COMMAND_RANGE)} under LIFT's randomisation; CPU "
+             f"{m['learner_cpu_s'] / 3600:.2f} core-h for the learner with its env workers (in process), "
+             f"{m.get('stage2_cpu_s', 0.0) / 60:.1f} core-min for stage 2; its last evaluations "
+             f"{', '.join(f'{v:.0f}' for v in evals[-plan.HOLD_LAST:])}."]
+    hold = m["hold"]
+    lines.append(f"Hold rule (declared before it ran): {hold['why']}. **The start model "
+                 f"{'holds' if hold['holds'] else 'does not hold: the study stops here'}.**")
+    if "check-start" in recs:
+        c = recs["check-start"]["metrics"]
+        lines.append(f"Reference returns (unchanged, unrandomised env): {c['edge_return']:.0f} at the edge command "
+                     f"{c['edge_command']} m/s; {c['in_range_return']:.0f} at {c['in_range_command']} m/s.")
+    return lines
+
+
+def gate_lines(recs: dict[str, dict]) -> list[str]:
+    lines = ["| condition | zero-shot / reference (kept) | gate (<= 80 %) |", "|---|---|---|"]
+    for condition in ("command", "gear"):
+        g = recs.get(f"gate-{condition}")
+        if g is None:
+            lines.append(f"| {condition} | not run yet | - |")
+            continue
+        m = g["metrics"]
+        tried = ", ".join(f"x{t['rung']} {t['kept']:.0%}" for t in g["ladder"]) if condition == "gear" else ""
+        lines.append(f"| {g['chosen']['label']} | {m['zero_shot_return']:.0f} / {m['reference_return']:.0f} "
+                     f"({m['kept']:.0%}){' - rungs: ' + tried if tried else ''} | "
+                     f"{'passed: runs' if m['passed'] else '**failed: not run**'} |")
+    return lines
+
+
+def condition_lines(records: list[dict], condition: str) -> list[str]:
+    head = ["method", "seeds", "reached 80 %", *(t for _, t, _ in METRICS), "SAC steps / real step (last epoch)"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for method in plan.METHODS[condition]:
+        finals = by_seed(records, condition, method, f"return_at.{plan.REAL_STEPS}")
+        seeds = by_seed(records, condition, method, "steps_to_80_censored")
+        if not seeds:
+            continue
+        reached = sum(1 for r in records if r["role"] == "report" and r["method"] == method
+                      and r["setting"]["condition"] == condition and r["metrics"].get("reached_80"))
+        cells = [method, str(len(seeds)), f"{reached}/{len(seeds)}"]
+        cells += [fmt_interval(t_interval(list(by_seed(records, condition, method, k).values())), p)
+                  for k, _, p in METRICS]
+        cells.append(fmt_interval(t_interval(list(by_seed(records, condition, method,
+                                                          "sac_steps_per_real_step_last_epoch").values())), "{:.2f}"))
+        lines.append("| " + " | ".join(cells) + " |")
+        if condition != "nochange" and method in plan.METHODS["nochange"] and finals:
+            arm = by_seed(records, "nochange", method, f"return_at.{plan.REAL_STEPS}")
+            if arm:
+                lines.append(f"| ↳ {method}, no-change arm | {len(arm)} | - | "
+                             + " | ".join(["-"] * (len(plan.FIXED_STEPS) - 1))
+                             + f" | {fmt_interval(t_interval(list(arm.values())), '{:.0f}')} | - | - | - |")
+    return lines if len(lines) > 2 else ["No method unit of this condition has finished."]
+
+
+def prediction_verdict(stat: tuple[float, float, float], margin: float, lower_is_better: bool) -> str:
+    """'a better' / 'b better' when the paired interval lies beyond the margin on one side, 'equivalent' when it lies
+    within +-margin, else 'undecided' (fewer than two seeds: 'too few seeds')."""
+    _, low, high = stat
+    if not (math.isfinite(low) and math.isfinite(high)):
+        return "too few seeds"
+    good_low, good_high = (-high, -low) if lower_is_better else (low, high)
+    if good_low > margin:
+        return "a better"
+    if good_high < -margin:
+        return "b better"
+    if -margin <= good_low and good_high <= margin:
+        return "equivalent"
+    return "undecided"
+
+
+def prediction_lines(records: list[dict], recs: dict[str, dict]) -> list[str]:
+    lines = ["| prediction (declared) | a - b, seed-paired [95 % t] | margin | expected | verdict |",
+             "|---|---|---|---|---|"]
+    check = recs.get("check-start", {}).get("metrics", {})
+    for name, condition, key, a, b, expected, margin, lower in plan.PREDICTIONS:
+        is_return = key.startswith("return_at")
+        scale = check.get(plan.REFERENCE[condition]) if is_return else 1.0
+        stat = paired(by_seed(records, condition, a, key), by_seed(records, condition, b, key))
+        if scale is None or not math.isfinite(stat[0]):
+            lines.append(f"| {name} ({a} vs {b}, {key}) | - | - | {expected} | no paired seeds yet |")
+            continue
+        width = margin * scale
+        said = prediction_verdict(stat, width, lower)
+        mark = "as predicted" if said == expected else ("open" if said in ("undecided", "too few seeds")
+                                                        else "against the prediction")
+        lines.append(f"| {name} ({a} vs {b}, {key}) | {fmt_interval(stat, '{:+.2f}')} | "
+                     f"+-{width:.4g}{' (' + format(margin, '.0%') + ' of the reference)' if is_return else ''} | "
+                     f"{expected} | {said} ({mark}) |")
+    return lines
+
+
+def budget_lines(records: list[dict]) -> list[str]:
+    spent = sum(r.get("cpu_s", 0.0) for r in records) / 3600
+    pending = [u for u in plan.units() if u.name not in {r["unit"] for r in records}]
+    left = sum(u.est_core_s for u in pending) / 3600
+    return [f"Budget: {spent:.2f} core-h measured over {len(records)} finished units; {len(pending)} units "
+            f"(~{left:.2f} core-h declared) not run yet, of the {plan.BUDGET_CORE_H:.0f} core-hours."]
+
+
+def plot(records: list[dict], out: Path) -> Path | None:
+    """Return vs real steps per condition (mean over seeds) with the 80 % line of its reference."""
+    reported = [r for r in records if r["role"] == "report"]
+    if not reported:
+        return None
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, axes = plt.subplots(1, len(plan.CONDITIONS), figsize=(5 * len(plan.CONDITIONS), 4))
+    for ax, condition in zip(axes, plan.CONDITIONS):
+        for i, method in enumerate(plan.METHODS[condition]):
+            runs = [r["curves"] for r in reported if r["method"] == method and r["setting"]["condition"] == condition]
+            if runs:
+                n = min(len(c["eval_return"]) for c in runs)
+                ax.plot(runs[0]["real_steps"][:n], np.mean([c["eval_return"][:n] for c in runs], axis=0),
+                        color=f"C{i}", label=f"{method} ({len(runs)})")
+        refs = [r["metrics"]["reference_return"] for r in reported if r["setting"]["condition"] == condition]
+        if refs:
+            ax.axhline(plan.RECOVER_FRACTION * refs[0], color="k", ls="-.", lw=0.7, label="80 % of reference")
+        ax.set(title=condition, xlabel="real env steps (prefill included)", ylabel="deterministic return")
+        ax.grid(alpha=0.3)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=6)
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=80)
+    plt.close(fig)
+    return out
+
+
+def report(records: list[dict], out_dir: Path) -> str:
+    recs = {r["unit"]: r for r in records}
+    lines = ["## LIFT on its own change (issue 47)", "", OBJECTION, "", *start_lines(recs), ""]
+    if "check-start" in recs or "gate-command" in recs or "gate-gear" in recs:
+        lines += [*gate_lines(recs), ""]
+    stopped = "pretrain" in recs and not recs["pretrain"]["metrics"]["holds"]
+    if stopped:
+        lines += ["No gate or method unit runs on a start model that did not hold (the rule is never relaxed).", ""]
+    figure = plot(records, (out_dir.parent if out_dir.name == "records" else out_dir) / "lift_command.png")
+    if figure is not None:
+        lines += [f"Plot: `{figure.name}` beside this report (return vs real steps per condition).", ""]
+    for condition in plan.CONDITIONS:
+        lines += [f"**{condition}** (mean [95 % t-interval] over seeds; never-reached runs count {plan.REAL_STEPS})",
+                  "", *condition_lines(records, condition), ""]
+    lines += ["**Predictions** (declared in `plan.PREDICTIONS` before any reported unit ran)", "",
+              *prediction_lines(records, recs), "", *budget_lines(records)]
+    return "\n".join(lines) + "\n"

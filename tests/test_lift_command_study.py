@@ -1,0 +1,114 @@
+"""The lift_command study (issue 47): its plan and declared rules, its gates' and refusals' logic, and its report on
+synthetic partial records (written into tmp_path, never into benchmarks/)."""
+from __future__ import annotations
+
+import importlib
+
+import pytest
+import yaml
+
+from benchmarks.study.core import REPORTED_SEEDS
+from benchmarks.studies.lift_command import plan, report, units
+from envs.control.domain_randomization import lift_kind_pretrain
+from experiments.lift.finetune_config import METHOD_SPECS
+
+
+def test_plan_declares_every_condition_method_and_seed_within_the_budget():
+    plan_units = plan.STUDY.plan()
+    assert plan_units[0].name == "pretrain" and plan_units[0].role == "stage"
+    for u in plan_units:
+        module, fn = u.fn.split(":")
+        assert callable(getattr(importlib.import_module(module), fn))
+    reported = [u for u in plan_units if u.role == "report"]
+    for condition, methods in plan.METHODS.items():
+        for m in methods:
+            assert m in METHOD_SPECS
+            seeds = sorted(u.seed for u in reported if u.method == m and u.setting["condition"] == condition)
+            assert seeds == list(REPORTED_SEEDS), (condition, m)
+    assert {u.setting["condition"] for u in reported if u.method == "lift_frozen_model"} == {"gear"}
+    assert all("check-start" in u.after for u in reported)
+    assert sum(u.est_core_s for u in plan_units) / 3600 <= plan.BUDGET_CORE_H
+    # the whole ramp: LIFT's horizon schedule reaches H = 20 in the last epoch, for every method alike
+    from algos.lift.finetune import LinearSchedule
+    assert LinearSchedule(*plan.STUDY_EXP["horizon_schedule"])(plan.EPOCHS - 1) == 20
+    # the command change is outside the training range, the gear rungs outside any randomised range
+    assert plan.COMMAND_OOD > plan.COMMAND_RANGE[1] and all(r < 1.0 for r in plan.GEAR_LADDER)
+
+
+def test_the_learner_runs_the_preset_the_plan_declares():
+    raw = yaml.safe_load(open(plan_path := "configs/env_preset/lift_pretrain_walker2d_command.yaml"))
+    assert raw["change"] == lift_kind_pretrain() == plan.STUDY.plan()[0].setting["change"], plan_path
+
+
+@pytest.mark.parametrize("returns, holds", [
+    ([100.0, 2800.0, 2900.0, 2850.0], True),     # within 15 % and at the peak
+    ([100.0, 2000.0, 2900.0, 2500.0], False),    # 36 % apart
+    ([3500.0, 2800.0, 2900.0, 2850.0], False),   # steady but 81 % of an earlier best
+    ([2800.0, 2900.0], False),                   # fewer than three evaluations
+])
+def test_the_hold_rule(returns, holds):
+    assert plan.hold_verdict(returns)["holds"] is holds
+
+
+def test_gates_and_refusals():
+    assert units.gate_verdict(3000.0, 2400.0)["passed"]  # exactly 80 % passes (<=)
+    assert not units.gate_verdict(3000.0, 2500.0)["passed"]
+    held = {"check-start": {"metrics": {"holds": True, "hold": {"why": "-"}}},
+            "gate-command": {"metrics": {"passed": False, "kept": 0.9}}}
+    assert units.refusal(held, "nochange") is None
+    assert "gate-command failed" in units.refusal(held, "command")
+    assert "no record" in units.refusal(held, "gear")
+    failed = {"check-start": {"metrics": {"holds": False, "hold": {"why": "spread 40%"}}}}
+    assert "did not hold (spread 40%)" in units.refusal(failed, "nochange")
+    assert units.steps_to_fraction([0, 2000, 4000], [100.0, 2300.0, 2500.0], 3000.0) == 4000
+    assert units.steps_to_fraction([0, 2000], [100.0, 2300.0], 3000.0) is None
+
+
+@pytest.mark.parametrize("stat, lower, said", [
+    ((-2000.0, -3000.0, -1500.0), True, "a better"),   # fewer steps beyond the 1000 margin
+    ((200.0, -300.0, 600.0), True, "equivalent"),
+    ((-900.0, -1800.0, 100.0), True, "undecided"),
+    ((1500.0, 1200.0, 1800.0), True, "b better"),
+    ((300.0, float("nan"), float("nan")), False, "too few seeds"),
+])
+def test_prediction_verdicts_use_the_margin(stat, lower, said):
+    assert report.prediction_verdict(stat, 1000.0, lower) == said
+
+
+def _method(condition: str, method: str, seed: int, final: float, steps: float, falls: float) -> dict:
+    curve = [800.0, final / 2, final]
+    return {"unit": f"{condition}-{method}-s{seed}", "role": "report", "method": method, "seed": seed,
+            "setting": {"condition": condition, "epochs": plan.EPOCHS}, "cpu_s": 300.0,
+            "metrics": {"return_at": {str(plan.REAL_STEPS): final, "2000": final / 2}, "steps_to_80_censored": steps,
+                        "reached_80": steps < plan.REAL_STEPS, "falls_per_1000": falls, "reference_return": 3000.0,
+                        "sac_steps_per_real_step_last_epoch": 2.0},
+            "curves": {"real_steps": [0, 6000, plan.REAL_STEPS], "eval_return": curve}}
+
+
+def test_the_report_renders_partial_records(tmp_path):
+    pretrain = {"unit": "pretrain", "role": "stage", "method": "pretrain", "seed": 0, "setting": {}, "cpu_s": 7000.0,
+                "metrics": {"env_steps": 600_000, "updates": 600_000, "learner_cpu_s": 6800.0, "stage2_cpu_s": 60.0,
+                            "hold": plan.hold_verdict([2800.0, 2900.0, 2850.0]), "holds": True},
+                "curves": {"env_steps": [1, 2, 3], "eval_return": [2800.0, 2900.0, 2850.0]}}
+    text = report.report([pretrain], tmp_path)
+    assert text.startswith("## ") and "The start model holds" in text and "first objection" in text
+    assert "no paired seeds yet" in text
+    check = {"unit": "check-start", "role": "gate", "method": "check", "seed": None, "setting": {}, "cpu_s": 60.0,
+             "metrics": {"holds": True, "edge_return": 3000.0, "in_range_return": 2900.0, "edge_command": 1.5,
+                         "in_range_command": 1.0}}
+    gate = {"unit": "gate-command", "role": "gate", "method": "gate", "seed": None, "setting": {}, "cpu_s": 20.0,
+            "metrics": {"zero_shot_return": 1200.0, "reference_return": 3000.0, "kept": 0.4, "passed": True},
+            "chosen": {"label": "command 2.25 m/s", "env": {}}, "ladder": []}
+    methods = [_method("command", "lift", s, 2900.0 + s, 3000.0 + 10 * s, 0.1) for s in (10, 11, 12)]
+    methods += [_method("command", "sac_finetune", s, 2000.0 - 5 * s, 9000.0 - 20 * s, 1.5) for s in (10, 11, 12)]
+    methods += [_method("nochange", "lift", s, 2800.0, 2000.0, 0.0) for s in (10, 11)]
+    text = report.report([pretrain, check, gate, *methods], tmp_path)
+    assert "| command 2.25 m/s | 1200 / 3000 (40%) | passed: runs |" in text
+    assert "| lift | 3 | 3/3 |" in text and "| sac_finetune | 3 | 3/3 |" in text
+    assert "↳ lift, no-change arm | 2 |" in text
+    p1 = next(line for line in text.splitlines() if line.startswith("| P1"))
+    assert "a better (as predicted)" in p1
+    assert (tmp_path / "lift_command.png").stat().st_size > 5_000
+    stopped = {**pretrain, "metrics": {**pretrain["metrics"], "holds": False,
+                                       "hold": plan.hold_verdict([1000.0, 2900.0, 2000.0])}}
+    assert "does not hold: the study stops here" in report.report([stopped], tmp_path)
