@@ -3,7 +3,8 @@
 A run appends to Parquet stores (numbered parts that are never rewritten) and counts steps. After each finished
 step it commits: buffered metrics are flushed, then ``{step, parts per store, state}`` is written atomically to
 ``<run>/progress.json``. Resuming cuts every store back to its committed number of parts (dropping what a killed
-step had half-written) and hands back the step and the small JSON ``state``.
+step had half-written), drops the TensorBoard events logged after the commit (so TensorBoard shows no step twice)
+and hands back the step and the small JSON ``state``.
 
 The commit record is also what a Tune trial checkpoints (``report(metrics, checkpoint=record)``): a trial restored
 by Tune is its run directory cut at that commit (:func:`restore`), and a PBT trial that exploits another one starts
@@ -35,6 +36,9 @@ from cluster.store import ParquetStore
 log = logging.getLogger(__name__)
 
 PROGRESS_FILE = "progress.json"
+# In a learner's parts: the step of the last metrics row logged before the checkpoint (TensorBoard events after it
+# belong to an abandoned attempt). Not a store path, so it never names a store to cut.
+TENSORBOARD_STEP = "@tensorboard_step"
 
 
 @dataclass
@@ -91,6 +95,11 @@ class Journal:
         self.report = report
         self.last: Commit | None = None
 
+    @property
+    def _tensorboard(self) -> bool:
+        """Whether the journal's metrics logger writes TensorBoard events (which a resume cuts back too)."""
+        return getattr(self.metrics, "tb_dir", None) is not None
+
     def _rel(self, store: ParquetStore) -> str:
         return str(store.path.resolve().relative_to(self.run_path))
 
@@ -104,9 +113,12 @@ class Journal:
         return self.last
 
     def resume(self) -> Commit:
-        """Cut the stores back to the last commit and return it (step 0 if the run never committed)."""
+        """Cut the stores (and TensorBoard) back to the last commit and return it (step 0 if the run never
+        committed)."""
         commit = read_commit(self.run_path) or Commit()
         removed = _rollback(self.run_path, commit.parts, [self._rel(s) for s in self.stores])
+        if self._tensorboard:  # metrics are logged at their commit's step: later ones were not committed
+            self.metrics.truncate_tensorboard(commit.step)
         commit.run_path = str(self.run_path)
         if removed:
             log.warning("resume: dropped %d Parquet part(s) written after the commit of step %d", removed,
@@ -141,7 +153,11 @@ class Journal:
         they are what :meth:`rollback` cuts back to when the learner resumes from that checkpoint."""
         if self.metrics is not None:
             self.metrics.flush()
-        return {self._rel(s): s.num_parts for s in self.stores}
+        parts: dict[str, Any] = {self._rel(s): s.num_parts for s in self.stores}
+        if self._tensorboard:
+            last = self.metrics.last_step
+            parts[TENSORBOARD_STEP] = -1.0 if last is None else float(last)  # not a store: rollback cuts TB there
+        return parts
 
     def rollback(self, parts: dict[str, int]) -> int:
         """Cut this journal's stores back to ``parts`` (from :meth:`parts`, saved in the checkpoint being resumed):
@@ -150,6 +166,8 @@ class Journal:
         mine = [self._rel(s) for s in self.stores]
         if self.metrics is not None:
             self.metrics.rows = []  # rows buffered before the resume belong to the abandoned attempt
+            if self._tensorboard and TENSORBOARD_STEP in parts:  # (older checkpoints have none: TB left as it is)
+                self.metrics.truncate_tensorboard(parts[TENSORBOARD_STEP])
         removed = _rollback(self.run_path, {k: v for k, v in parts.items() if k in mine}, mine)
         if removed:
             log.warning("resume: dropped %d Parquet part(s) written after the checkpoint", removed)

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import sys
 import threading
 import time
@@ -22,6 +23,10 @@ class MetricsLogger:
     Only numbers are kept (Parquet wants a schema; TensorBoard wants scalars). With ``gauges`` (tags, e.g.
     ``{"run": run_id, "method": "vidd"}``) every row is also exported as Ray gauges ``orrery_learner_<key>`` with those
     tags, so Prometheus/Grafana and the Ray dashboard follow the learner while it runs (``RayGauges``).
+
+    TensorBoard events go to ``<run>/tb/`` (``tb/<method>/`` for a logger with a ``method`` tag: one TensorBoard run
+    per learner, so two methods of a run never share a chart line). A resumed learner cuts them back to its
+    checkpoint (:meth:`truncate_tensorboard`, called by ``cluster.journal``), so no step is shown twice.
     """
 
     def __init__(self, run_path: str | Path, flush_every: int = 10, tensorboard: bool = True,
@@ -30,13 +35,24 @@ class MetricsLogger:
         self.rows: list[dict[str, float]] = []
         self.flush_every = flush_every
         self.gauges = RayGauges(LEARNER_PREFIX, tags=gauges) if gauges else None
-        self.writer = None
-        if tensorboard:
+        method = (gauges or {}).get("method")
+        self.tb_dir: Path | None = (Path(run_path) / "tb" / (_metric_name(method) if method else "")
+                                    if tensorboard else None)
+        self.writer = None  # opened on the first row, after a resume has cut the old events back
+        self.last_step: float | None = None  # the step of the last row logged (saved with checkpoints by the journal)
+
+    def _tensorboard(self):
+        if self.writer is None and self.tb_dir is not None:
             try:
                 from tensorboardX import SummaryWriter
-                self.writer = SummaryWriter(str(Path(run_path) / "tb"))
             except ImportError:  # pragma: no cover - tensorboardX comes with ray[tune]
                 log.warning("tensorboardX missing: no TensorBoard logs")
+                self.tb_dir = None
+                return None
+            # tensorboardX names a file by the second it opens it: a writer of the same second (a resume, a second
+            # logger) would overwrite it. Nanoseconds keep the names unique and in the order TensorBoard reads them.
+            self.writer = SummaryWriter(str(self.tb_dir), filename_suffix=f".{time.time_ns()}")
+        return self.writer
 
     def log(self, step: int, metrics: Mapping[str, Any]) -> dict[str, float]:
         row = {"step": float(step), "time": time.time()}
@@ -44,15 +60,30 @@ class MetricsLogger:
             if isinstance(value, (int, float)) and not isinstance(value, bool) or hasattr(value, "item"):
                 row[key] = float(value)
         self.rows.append(row)
+        self.last_step = row["step"]
         if self.gauges is not None:
             self.gauges.set({k: v for k, v in row.items() if k != "time"})
-        if self.writer is not None:
+        if (writer := self._tensorboard()) is not None:
             for key, value in row.items():
                 if key not in ("step", "time") and math.isfinite(value):
-                    self.writer.add_scalar(key, value, step)
+                    writer.add_scalar(key, value, step)
         if len(self.rows) >= self.flush_every:
             self.flush()
         return row
+
+    def truncate_tensorboard(self, last_step: float) -> int:
+        """Drop this logger's TensorBoard events after ``last_step`` (those of an attempt that a resume abandons), so
+        the steps that follow are shown once. Returns the number of events dropped."""
+        if self.writer is not None:  # reopened on the next row, in a new file
+            self.writer.close()
+            self.writer = None
+        self.last_step = last_step
+        if self.tb_dir is None or not self.tb_dir.is_dir():
+            return 0
+        dropped = sum(_truncate_event_file(f, last_step) for f in sorted(self.tb_dir.glob("events.out.tfevents.*")))
+        if dropped:
+            log.warning("resume: dropped %d TensorBoard event(s) after step %g in %s", dropped, last_step, self.tb_dir)
+        return dropped
 
     def flush(self) -> None:
         if not self.rows:
@@ -67,6 +98,33 @@ class MetricsLogger:
         self.flush()
         if self.writer is not None:
             self.writer.close()
+            self.writer = None
+
+
+def _truncate_event_file(path: Path, last_step: float) -> int:
+    """Rewrite a TensorBoard event file (TFRecord: length, crc, event, crc) without the events after ``last_step``;
+    a record that a kill cut short is dropped too. Returns the number of events dropped."""
+    import struct
+
+    from tensorboardX.proto.event_pb2 import Event
+    data = path.read_bytes()
+    kept, dropped, pos = [], 0, 0
+    while pos + 12 <= len(data):
+        (length,) = struct.unpack("<Q", data[pos:pos + 8])
+        end = pos + 12 + length + 4
+        if end > len(data):
+            break
+        event = Event.FromString(data[pos + 12:pos + 12 + length])
+        if event.step > last_step:
+            dropped += 1
+        else:
+            kept.append(data[pos:end])
+        pos = end
+    if dropped or pos != len(data):
+        tmp = path.with_name(f".{path.name}.tmp")
+        tmp.write_bytes(b"".join(kept))
+        os.replace(tmp, path)
+    return dropped
 
 
 def learner_tags(run_id: str, method: str) -> dict[str, str]:
@@ -76,12 +134,20 @@ def learner_tags(run_id: str, method: str) -> dict[str, str]:
 
 
 class Progress:
-    """One line per update to stderr: ``[name] 12/100 (12%) 340 steps/s ETA 0:42 | key=value ...``."""
+    """One line per update to stderr: ``[name] 12/100 (12%) 340 steps/s ETA 0:42 | key=value ...``.
 
-    def __init__(self, name: str, total: float, unit: str = "steps", every_s: float = 5.0) -> None:
+    The rate and ETA count from ``done`` at the start (a resumed run: :meth:`resumed_at`), so a resume shows the
+    rate of this attempt, not its work over its first seconds."""
+
+    def __init__(self, name: str, total: float, unit: str = "steps", every_s: float = 5.0, done: float = 0.0) -> None:
         self.name, self.total, self.unit, self.every_s = name, total, unit, every_s
         self.start = time.perf_counter()
+        self.start_done = float(done)
         self.last = 0.0
+
+    def resumed_at(self, done: float) -> None:
+        """The run resumed with ``done`` already behind it: the rate and ETA count from here and now."""
+        self.start, self.start_done = time.perf_counter(), float(done)
 
     def update(self, done: float, force: bool = False, **info: Any) -> None:
         now = time.perf_counter()
@@ -89,17 +155,18 @@ class Progress:
             return
         self.last = now
         elapsed = now - self.start
-        rate = done / elapsed if elapsed > 0 else 0.0
+        rate = (done - self.start_done) / elapsed if elapsed > 0 else 0.0
         sys.stderr.write(self.line(done, rate, **info) + "\n")
         sys.stderr.flush()
 
     def line(self, done: float, rate: float, **info: Any) -> str:
         """The progress line. Written to stderr directly, not printed: Ray Train's workers patch ``print`` to log
-        every line as well as print it, so a printed line showed twice in a job's log."""
-        # a run past its budget (the last round overshoots it) has nothing left to wait for: ETA 0:00, never negative
+        every line as well as print it, so a printed line showed twice in a job's log. A value not known yet (nan:
+        no evaluation since a resume) is left out rather than shown as nan."""
         eta = max(self.total - done, 0.0) / rate if rate > 0 else float("inf")
         eta_s = "?" if not math.isfinite(eta) else f"{int(eta // 60)}:{int(eta % 60):02d}"
-        extra = " ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in info.items())
+        shown = {k: v for k, v in info.items() if not (isinstance(v, float) and not math.isfinite(v))}
+        extra = " ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in shown.items())
         pct = 100.0 * done / self.total if self.total else 100.0
         return (f"[{self.name}] {done:.0f}/{self.total:.0f} {self.unit} ({pct:.0f}%) {rate:.1f} {self.unit}/s "
                 f"ETA {eta_s}" + (f" | {extra}" if extra else ""))

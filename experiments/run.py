@@ -84,10 +84,14 @@ def public_config(cfg: dict[str, Any]) -> dict[str, Any]:
 
 
 def prepare(overrides: list[str]) -> tuple[dict[str, Any], RunContext]:
+    return start(load(overrides))
+
+
+def start(cfg: dict[str, Any]) -> tuple[dict[str, Any], RunContext]:
+    """Claim the run directory (a used run_name is refused here, before Ray starts), connect, check the storage."""
     from cluster.connect import connect
     from cluster.rundir import RunDir
 
-    cfg = load(overrides)
     setup_process(cfg["torch_threads"], cfg["log_level"])
     name = cfg["experiment"]["name"]
     run_dir = RunDir.create(cfg["output_dir"], name, cfg["run_name"], cfg["resume"])
@@ -101,17 +105,8 @@ def prepare(overrides: list[str]) -> tuple[dict[str, Any], RunContext]:
     return cfg, RunContext(cfg=cfg, run_dir=run_dir, cluster=info)
 
 
-def main(argv: list[str] | None = None) -> dict[str, Any]:
-    argv = sys.argv[1:] if argv is None else argv
-    from cluster.storage import StorageNotShared
-    try:
-        cfg, ctx = prepare(argv)
-    except (ConfigError, FileNotFoundError) as err:
-        print(f"config error: {err}", file=sys.stderr)
-        raise SystemExit(2)
-    except StorageNotShared as err:
-        print(f"storage error: {err}", file=sys.stderr)
-        raise SystemExit(2)
+def execute(cfg: dict[str, Any], ctx: RunContext) -> dict[str, Any]:
+    """The experiment's ``run(cfg, ctx)``; its summary is kept in the run directory."""
     try:
         summary = cfg["_module"].run(cfg, ctx)
     finally:
@@ -119,6 +114,20 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ctx.run_dir.write_json("summary.json", summary)
     print(f"run directory: {ctx.run_dir.path}", flush=True)
     return summary
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    argv = sys.argv[1:] if argv is None else argv
+    from cluster.storage import StorageNotShared
+    try:
+        cfg, ctx = prepare(argv)
+    except (ConfigError, FileNotFoundError, FileExistsError) as err:  # a used run_name: FileExistsError
+        print(f"config error: {err}", file=sys.stderr)
+        raise SystemExit(2)
+    except StorageNotShared as err:
+        print(f"storage error: {err}", file=sys.stderr)
+        raise SystemExit(2)
+    return execute(cfg, ctx)
 
 
 if __name__ == "__main__":

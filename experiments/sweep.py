@@ -81,7 +81,7 @@ def run_trial(params: dict[str, Any], base: list[str], sweep_path: str, experime
         restored_step = tune_trial.start_from(record, run_path, run_path / "checkpoints")
     # A retry resumes its run directory as it is: driver commits are cut back above, learners resume from their own
     # Ray Train checkpoints.
-    resume = record is not None or (run_path / "config.yaml").exists()
+    resume = record is not None or (run_path / "config.yaml").exists() or (run_path / "run_id").exists()
     run_path.mkdir(parents=True, exist_ok=True)
     with open(run_path / "attempts.jsonl", "a") as fh:
         fh.write(json.dumps({"time": time.time(), "pid": os.getpid(), "host": socket.gethostname(),
@@ -110,7 +110,10 @@ def sweep_dir(cfg: dict[str, Any]) -> Path:
         if not sweeps:
             raise FileNotFoundError(f"resume=true but there is no earlier sweep under {base}")
         return sweeps[-1]
-    path = base / (name or time.strftime("sweep-%Y%m%d-%H%M%S"))
+    if name is None and not cfg["resume"]:  # two sweeps started in the same second get two folders (and Tune names)
+        from cluster.rundir import claim_new_dir, default_run_name
+        return claim_new_dir(base, lambda: f"sweep-{default_run_name()}")
+    path = base / name
     if cfg["resume"] and not path.exists():
         raise FileNotFoundError(f"resume=true but sweep directory {path} does not exist")
     if not cfg["resume"] and (path / TUNE_DIR).is_dir():

@@ -71,7 +71,7 @@ def run(cfg: dict, ctx) -> dict[str, Any]:
     first = (journal.resume() if cfg["resume"] else journal.start()).step  # shards already written
     requests = requests_for(exp, cfg["seed"])[first:]
     written = len(store)
-    progress = Progress("collect", exp.num_transitions, "transitions")
+    progress = Progress("collect", exp.num_transitions, "transitions", done=written)  # a resume's rate: from here
     started, written_at_start = time.perf_counter(), written
     results: dict[int, dict] = {}
     # Shards arrive in completion order; they are written in shard order so the file is reproducible.

@@ -178,7 +178,8 @@ class FinetuneLearner:
         # 80 % of the return the change took away (the recovery line of the summary)
         self.recovery_return = self.zero_shot_return + 0.8 * (config["pre_change_return"] - self.zero_shot_return)
         self.recovered = False
-        self.progress = Progress(f"lift_finetune {method}", exp.epochs, "epochs") if self.rank == 0 else None
+        self.progress = (Progress(f"lift_finetune {method}", exp.epochs, "epochs", done=self.epoch)
+                         if self.rank == 0 else None)  # a resume's rate and ETA count from its epoch
         self.method_id = float(METHODS.index(method))
 
     @property

@@ -53,7 +53,7 @@ def run_rounds(learner: "PretrainLearner", should_stop: Callable[[], bool] | Non
         learner.remember(batch)  # 2.
         train_metrics = learner.update()  # 3.
         learner.publish()  # 4.
-        if not learner.exp.overlap:
+        if not learner.exp.overlap and learner.round_fits(learner.counters["env_steps"]):
             learner.send_round()  # the next round acts with the policy just published
         learner.end_round(lag, train_metrics)
     learner.close()
@@ -130,9 +130,9 @@ class PretrainLearner:
         self.shards = [self.rank * exp.num_shards + s for s in range(exp.num_shards)]
         self.env_configs = [self.shard_config(config, g) for g in self.shards]
         self.round_steps = self.sac_total.num_envs * exp.steps_per_round  # env steps of one round, all ranks
-        self.progress = (Progress(f"lift_pretrain rank{self.rank}", exp.total_env_steps, "env steps")
-                         if self.rank == 0 else None)
-        self.done = self.counters["env_steps"] >= exp.total_env_steps
+        self.progress = (Progress(f"lift_pretrain rank{self.rank}", exp.total_env_steps, "env steps",
+                                  done=self.counters["env_steps"]) if self.rank == 0 else None)
+        self.done = not self.round_fits(self.counters["env_steps"])
 
     def shard_config(self, config: dict, shard: int) -> dict[str, Any]:
         """The pool sampler config of one env shard (its share of this rank's envs, seeded by shard)."""
@@ -171,6 +171,11 @@ class PretrainLearner:
     def publish(self) -> None:
         publish(self.pool, self.policy_key, self.agent)
 
+    def round_fits(self, steps: int) -> bool:
+        """Whether one more round after ``steps`` env steps stays within the budget: a round that would cross it
+        does not start, so a run ends at or below ``total_env_steps``."""
+        return steps + self.round_steps <= self.exp.total_env_steps
+
     def send_round(self, first: bool = False) -> None:
         """Ask every shard of this rank for ``steps_per_round`` vectorised steps with the latest policy."""
         # one request per shard; shard g always goes to the same pool worker (its envs live there)
@@ -183,7 +188,7 @@ class PretrainLearner:
     def take_round(self) -> tuple[dict[str, np.ndarray], int]:
         """1. The round in flight, every shard's transitions in one batch, and its policy lag in updates."""
         results = [p.result()[0] for p in self.pending]
-        if self.exp.overlap:
+        if self.exp.overlap and self.round_fits(self.counters["env_steps"] + self.round_steps):
             self.send_round()  # acted by the policy of the previous round: learning overlaps acting
         batch = {k: np.concatenate([r["transitions"][k] for r in results]) for k in results[0]["transitions"]}
         lag = self.agent.num_updates - min(int(r["policy_updates"]) for r in results)
@@ -227,15 +232,15 @@ class PretrainLearner:
             row["train_return"] = float(np.mean(self.episode_returns))
             row["falls"] = self.falls
             self.episode_returns, self.falls = [], 0
-        if steps - self.last_eval >= exp.eval_every_steps or steps >= exp.total_env_steps:
+        if steps - self.last_eval >= exp.eval_every_steps or not self.round_fits(steps):
             self.last_eval = steps
             self.eval_return = evaluate_on_rank0(self.pool, self.policy_key,
                                                  {**self.env_configs[0], "shard": -1, "physics_state": False},
                                                  exp.eval_episodes, self.seed)
             row["eval_return"] = self.eval_return
         checkpoint_due = self.agent.num_updates - self.last_checkpoint_updates >= exp.checkpoint_every_updates
-        self.done = steps >= exp.total_env_steps or (exp.stop_return is not None
-                                                    and self.eval_return >= exp.stop_return)
+        self.done = not self.round_fits(steps) or (exp.stop_return is not None
+                                                   and self.eval_return >= exp.stop_return)
         if checkpoint_due or self.done:
             self.save_replay()  # a checkpoint covers exactly the Parquet parts written so far
         if self.done:

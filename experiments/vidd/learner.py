@@ -173,6 +173,8 @@ def resume(learner: Learner) -> None:
                 learner.journal.rollback(state["parts"])
             log.info("%s resumed at iteration %d, %d queries", learner.method, learner.counters["iteration"],
                      learner.counters["queries"])
+            if learner.progress is not None:  # the rate and ETA of this attempt
+                learner.progress.resumed_at(learner.counters["queries"])
     learner.t_start = time.perf_counter() - learner.counters["wall_s"]
 
 
