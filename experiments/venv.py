@@ -110,12 +110,24 @@ def constraint_lines(torch_req: str, index: str) -> list[str]:
     return [ln for ln in lines if _requirement_name(ln) != "torch"]
 
 
-def _constraints_file(torch_req: str, index: str) -> Path:
+def _constraints_file(torch_req: str, index: str, venv_dir: Path | None = None) -> Path:
     if torch_req == CPU_TORCH and not index:
         return CONSTRAINTS
-    path = VENV / "constraints-gpu.txt"
+    path = (venv_dir or VENV) / "constraints-gpu.txt"
     path.write_text("\n".join(constraint_lines(torch_req, index)) + "\n")
     return path
+
+
+def install_steps(torch_req: str, index: str, venv_dir: Path | None = None) -> list[list[str]]:
+    """The installer's arguments, step by step: torch, then orrery with its extras, then molsets. Every step is
+    pinned by the constraints in use (for a GPU node's own torch, all of them but torch's: ``constraint_lines``),
+    except the torch step from a torch index, which hosts torch's dependencies at its own versions only (the next
+    step moves them to the pins from PyPI)."""
+    pinned = ["-c", str(_constraints_file(torch_req, index, venv_dir))]
+    return [[*(pinned if not index else []), torch_req, *(["--index-url", index] if index else [])],
+            [*pinned, "-e", ".[test,bench]"],
+            # molsets pins ancient dependencies; it only ships the MOSES SMILES we read: install it without them
+            [*pinned, "--no-deps", "molsets==0.3.1"]]
 
 
 def venv_python_version(venv_dir: Path) -> str | None:
@@ -144,14 +156,9 @@ def ensure_venv() -> Path:
     if not _python().exists():
         print(f"creating virtual environment {VENV}", flush=True)
         venv.EnvBuilder(with_pip=True).create(VENV)
-    pinned = ["-c", str(_constraints_file(torch_req, index))]
     install = _installer()
-    # A torch index (ORRERY_TORCH_INDEX) replaces PyPI for this one step and hosts torch's dependencies at its own
-    # versions only: there torch comes unpinned with them, and the next step moves them to the pins from PyPI.
-    install(*(pinned if not index else []), torch_req, *(["--index-url", index] if index else []))
-    install(*pinned, "-e", ".[test,bench]")
-    # molsets pins ancient dependencies; it only ships the MOSES SMILES we read, so install it without them.
-    install(*pinned, "--no-deps", "molsets==0.3.1")
+    for args in install_steps(torch_req, index):
+        install(*args)
     STAMP.write_text(wanted + "\n")
     return _python()
 
