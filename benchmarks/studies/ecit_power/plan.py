@@ -65,7 +65,8 @@ WIDTHS = ("empirical", "median")         # causal-learn's default; the released 
 TUNE_SEEDS = (100, 101, 102, 103)
 TUNE_DATASETS = 3
 TUNE_N = 64000                           # 160 subsets; K = 10 and 40 use disjoint groups of them
-TUNE_EFFECTS = (0.14, 0.21, 0.32, 0.48)   # ratio 1.5; the 0.5-power effect should fall near 0.36 / 0.26 / 0.18 at K = 10 / 40 / 160
+# ratio 1.5; the 0.5-power effect should fall near 0.36 / 0.26 / 0.18 at K = 10 / 40 / 160 (z shift ~ effect^2 sqrt K)
+TUNE_EFFECTS = (0.14, 0.21, 0.32, 0.48)
 TARGET_POWER = (0.4, 0.75)
 POWER_REPS = {10: 20, 40: 12, 160: 6}   # alternative datasets per seed and effect
 WIDTH_NULLS = 6                          # K = 160 null datasets per seed under the released width
