@@ -95,6 +95,7 @@ def finetune(
     seed: int = 0,
     eval_at_queries: Sequence[int] = (),
     final_eval: bool = True,
+    stop_fn: Callable[[int, dict], bool] | None = None,
 ) -> FinetuneResult:
     """Run ``method`` in one process; ``sample_fn`` (signature of :func:`algos.vidd.sampling.sample`) may be remote.
 
@@ -102,7 +103,8 @@ def finetune(
     never exceeds ``cfg.query_budget``. ``pretrained`` is never modified. ``seed`` seeds every random draw.
     ``eval_fn`` runs every ``cfg.eval_every`` iterations, after the first iteration that reaches each of
     ``eval_at_queries`` oracle queries, and at the end (unless ``final_eval`` is False: a caller that evaluates the
-    returned model itself, on a larger sample, skips the duplicate).
+    returned model itself, on a larger sample, skips the duplicate). ``stop_fn(iteration, metrics)``, called after
+    ``log_fn``, ends the run when it returns True (a caller's own stopping rule: a CPU-time cap, a plateau).
     """
     cfg = cfg.for_method(method)
     sample_fn = sample_fn or sample
@@ -164,6 +166,8 @@ def finetune(
         history.append({"iteration": iteration} | metrics)
         if log_fn is not None:
             log_fn(iteration, metrics)
+        if stop_fn is not None and stop_fn(iteration, metrics):
+            break
     student.eval()
     if eval_fn is not None and final_eval:
         last = history[-1] if history else {}
