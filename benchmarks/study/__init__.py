@@ -16,6 +16,7 @@ STUDIES: dict[str, str] = {
     "lift_command": "benchmarks.studies.lift_command:STUDY",
     "vidd_budget": "benchmarks.studies.vidd_budget:STUDY",
     "vidd_budget_molecule": "benchmarks.studies.vidd_budget_molecule:STUDY",
+    "vidd_plateau": "benchmarks.studies.vidd_plateau:STUDY",
     "attnrl": "benchmarks.studies.attnrl:STUDY",
     "ecit": "benchmarks.studies.ecit:STUDY",
     "ecit_beyond": "benchmarks.studies.ecit_beyond:STUDY",
