@@ -142,6 +142,58 @@ def test_logprob_temporaries_are_bounded_by_chunk_times_vocab():
     assert probe.largest <= max(chunk * V, x.numel())  # the gradient of the logits is as large as they are
 
 
+class _LogitsOnly(torch.nn.Module):
+    """The HF call convention with logits only: each token's logits are its embedding row (V wide)."""
+
+    def __init__(self, vocab: int) -> None:
+        super().__init__()
+        self.table = torch.nn.Embedding(vocab, vocab)
+
+    def forward(self, input_ids, attention_mask=None, position_ids=None, use_cache=False, output_attentions=False):
+        from types import SimpleNamespace
+        return SimpleNamespace(logits=self.table(input_ids), past_key_values=None, attentions=None)
+
+
+def _learner_logprob_peak(monkeypatch, B=4, P=8, R=64, V=512, chunk=16) -> tuple[int, int]:
+    """Peak bytes allocated by the learner's log-prob call (``forward_scores``, as PPO's old and reference
+    log-probs run it) and what it must hold: the logits plus one chunk's three (rows, V) fp32 arrays."""
+    from types import SimpleNamespace
+
+    from algos.attnrl import scoring
+    from algos.attnrl.lm import Policy, forward_scores
+    from benchmarks.gpu.memory import PeakMemory
+    monkeypatch.setattr(scoring, "LOGPROB_CHUNK_ROWS", chunk)
+    codec = SimpleNamespace(pad_id=0, eos_id=1, delimiter_ids=frozenset({2}))
+    policy = Policy(_LogitsOnly(V), codec)
+    g = torch.Generator().manual_seed(0)
+    prompts = torch.randint(3, V, (B, P), generator=g).tolist()
+    responses = torch.randint(3, V, (B, R), generator=g).tolist()
+    with torch.no_grad(), PeakMemory() as probe:
+        scores = forward_scores(policy, prompts, responses)
+    assert torch.isfinite(scores.logprobs).all() and scores.logprobs.shape == (B, R)
+    return probe.peak, B * (P + R) * V * 4 + 3 * chunk * V * 4
+
+
+def test_the_learners_logprob_call_holds_the_logits_and_one_chunk(monkeypatch):
+    """The call site in ``algos.attnrl.scoring._forward_scores`` (every learner's teacher-forced log-probs): its peak
+    memory stays within 1.5x the logits plus one chunk. Reverting that call to a gather of all positions and a full
+    log-softmax (the code before issue 39 #6) holds ~4 more fp32 copies of (B, R, V) and fails here."""
+    peak, must_hold = _learner_logprob_peak(monkeypatch)
+    assert peak <= 1.5 * must_hold, f"peak {peak} B, must hold {must_hold} B: {peak / must_hold:.2f}x"
+
+
+def test_the_logprob_bound_fails_on_the_old_full_softmax(monkeypatch):
+    from algos.attnrl import scoring
+
+    def full_softmax(logits, gather_pos, targets, resp_mask, temperature):
+        x = logits.float().gather(1, gather_pos[..., None].expand(-1, -1, logits.shape[-1]))
+        logp = (x / temperature if temperature > 0 else x).log_softmax(-1)
+        return logp.gather(-1, targets[..., None]).squeeze(-1) * resp_mask, -(logp.exp() * logp).sum(-1) * resp_mask
+    monkeypatch.setattr(scoring, "score_logits", full_softmax)
+    peak, must_hold = _learner_logprob_peak(monkeypatch)
+    assert peak > 2 * must_hold
+
+
 # ------------------------------------------------------------------ 5. GPU nodes keep every pin but torch's
 
 def test_a_gpu_torch_choice_keeps_every_other_pin():

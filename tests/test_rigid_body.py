@@ -157,7 +157,33 @@ def test_prior_computes_in_float64_for_float32_states_unless_asked():
         assert not torch.equal(f, e.float())
 
 
-def test_gpu_check_row_passes_on_cpu():
-    from benchmarks import gpu_rows
-    row = gpu_rows.physics_prior("cpu", batch=64)
-    assert row.ok and "skipped" not in row.line, row.line
+def test_the_prior_from_saved_tables_equals_the_prior_from_the_model(tmp_path):
+    """``ModelTables`` saved to ``.npz`` and loaded again give the very terms of the model (a machine without MuJoCo
+    runs the prior this way: tests/test_gpu_check.py imports and runs it with MuJoCo unimportable)."""
+    from envs.control.rigid_body_tables import ModelTables
+    model = _model("hand")
+    ModelTables.from_mujoco(model).save(tmp_path / "hand.npz")
+    states = [torch.from_numpy(x) for x in random_states(model, 16, seed=6)]
+    got = RigidBodyDynamics(ModelTables.load(tmp_path / "hand.npz")).terms(*states)
+    assert all(torch.equal(g, w) for g, w in zip(got, RigidBodyDynamics(model).terms(*states)))
+    with pytest.raises(ValueError, match="lack"):
+        ModelTables({"nq": np.array(1)})
+
+
+def test_the_first_gpu_runs_tables_are_mujocos_own():
+    """benchmarks/first_gpu_run_tables.npz (what the GPU row compares with) holds this MuJoCo's tables of the models
+    and its terms at the stored states: a stale or hand-edited file fails here (rewrite it with
+    ``python -m benchmarks.gpu.physics --export``)."""
+    from benchmarks.gpu import physics
+    from envs.control.mujoco_prior import MujocoPrior
+    from envs.control.rigid_body_tables import ModelTables
+    cases = physics.load_cases()
+    models = {"hand": _model("hand"), "humanoid": _model("Humanoid-v5")}
+    assert sorted(cases) == sorted(models)
+    for name, case in cases.items():
+        fresh = ModelTables.from_mujoco(models[name]).arrays()
+        stored = case["tables"].arrays()
+        assert all(np.array_equal(fresh[k], stored[k]) for k in fresh), name
+        mass, bias, actuator, passive = MujocoPrior(models[name], frame_skip=1).numpy_terms(*case["states"])
+        for want, got in zip((mass, bias, passive, actuator), case["terms"]):
+            np.testing.assert_allclose(got, want, rtol=0, atol=1e-12 * max(1.0, float(np.abs(want).max())))

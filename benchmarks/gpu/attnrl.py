@@ -131,6 +131,8 @@ def attnrl_update(setup: HFSetup, device: str, workdir: Path) -> list[Row]:
             return False, "no checkpoint (the update row failed)"
         state = load_learner_state(saved["path"])  # as ranks.saved_state
         off_cpu = _off_cpu(state)
+        if off_cpu:  # a CUDA machine would resume from these anyway: a CPU-only one could not even read them
+            return False, f"Learner state saved on {device}, loaded NOT on cpu: {', '.join(off_cpu[:3])}"
         policy = load_policy(setup, "cpu")
         policy.model.load_state_dict(state["weights"]["state_dict"])  # as Learner.go_live
         weights = {k: v.clone() for k, v in policy.model.state_dict().items()}
@@ -142,9 +144,8 @@ def attnrl_update(setup: HFSetup, device: str, workdir: Path) -> list[Row]:
             all(t.device.type == "cpu" for t in moments)
         step = _adam_step(context.optimizer.state_dict())
         moved, total = _moved(policy.model, weights)
-        ok = not off_cpu and same and on_cpu and step == saved["step"] + 1 and moved / total > 0.9
-        return ok, (f"Learner state saved on {device}, loaded with map_location: "
-                    f"{'all on cpu' if not off_cpu else 'NOT on cpu: ' + ', '.join(off_cpu[:3])}; weights equal "
+        ok = same and on_cpu and step == saved["step"] + 1 and moved / total > 0.9
+        return ok, (f"Learner state saved on {device}, loaded with map_location: all on cpu; weights equal "
                     f"{same}, Adam step {saved['step']} -> {step} (want {saved['step'] + 1}), model and moments on "
                     f"cpu {on_cpu}, next update moved {moved / total:.1%}")
     return [run_row("attnrl update lr 1e-6", update), run_row(f"attnrl learner state {device} -> cpu, resumed", resume)]

@@ -108,18 +108,20 @@ def collective_row(name: str, backend: str, device: str, world: int, start_metho
     return run_row(name, check)
 
 
-def collectives(device: str, world: int = 2, start_method: str = "spawn") -> list[Row]:
-    """gloo with ``world`` ranks over tensors on the device; then NCCL as one GPU allows (not run without CUDA)."""
-    rows = [collective_row(f"collectives gloo x{world}", "gloo", device, world, start_method)]
-    nccl = "collectives cpu:gloo,cuda:nccl x1 (start-up + one-rank all_reduce)"
+def nccl(device: str, start_method: str = "spawn") -> Row:
+    """``cpu:gloo,cuda:nccl`` (scale=paper's backend) as far as one GPU shows it; not run without CUDA."""
+    name = "collectives cpu:gloo,cuda:nccl x1 (start-up + one-rank all_reduce)"
     if not device.startswith("cuda"):
-        rows.append(run_row(nccl, functools.partial(_not_run, "NCCL needs a CUDA device: a CPU rehearsal cannot "
-                                                              "start it")))
-    else:
-        rows.append(collective_row(nccl, "cpu:gloo,cuda:nccl", device, 1, start_method,
-                                   "; one GPU: NCCL start-up and a one-rank all_reduce only, no traffic between "
-                                   "ranks (NCCL refuses two ranks on one GPU)"))
-    return rows
+        return run_row(name, functools.partial(_not_run, "NCCL needs a CUDA device: a CPU rehearsal cannot start it"))
+    return collective_row(name, "cpu:gloo,cuda:nccl", device, 1, start_method,
+                          "; one GPU: NCCL start-up and a one-rank all_reduce only, no traffic between ranks (NCCL "
+                          "refuses two ranks on one GPU)")
+
+
+def collectives(device: str, world: int = 2, start_method: str = "spawn") -> list[Row]:
+    """gloo with ``world`` ranks over tensors on the device; then NCCL as one GPU allows."""
+    return [collective_row(f"collectives gloo x{world}", "gloo", device, world, start_method),
+            nccl(device, start_method)]
 
 
 def _not_run(reason: str):
