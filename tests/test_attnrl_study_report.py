@@ -1,9 +1,9 @@
-"""AttnRL's study report (benchmarks/attnrl_study_report.py) on synthetic records in tmp_path: the RL table of the
+"""AttnRL's study report (benchmarks/studies/attnrl/report.py) on synthetic records in tmp_path: the RL table of the
 mechanism-absent control, each declared prediction beside what happened, and the claim rows."""
 import json
 
-from benchmarks import attnrl_study_report as rep
-from benchmarks.study import attnrl as study
+from benchmarks.studies.attnrl import report as rep_report
+from benchmarks.studies.attnrl import plan as at_plan
 
 NAN = (float("nan"),) * 3
 
@@ -12,10 +12,10 @@ def _gate(beats: bool) -> dict:
     row = {"responses": 100, "fci": (0.001, -0.03, 0.03), "earliest": (-0.2, -0.25, -0.15),
            "random": (0.0, -0.01, 0.01),
            "fci_minus_earliest": (0.2, 0.15, 0.25), "fci_minus_random": (0.001, -0.03, 0.03)}
-    return {"unit": study.DECIDING_GATE, "role": "gate", "method": "fci_gate", "seed": None, "cpu_s": 60.0,
+    return {"unit": at_plan.DECIDING_GATE, "role": "gate", "method": "fci_gate", "seed": None, "cpu_s": 60.0,
             "metrics": {"fci_beats_both": beats, "beats_earliest": beats, "beats_random": beats, "delta": 2,
                         "enough_responses": True, "problems_per_difficulty": 4, "responses_kept": {"6": 4}},
-            "gate": study.GATE2, "decision": {"overall": row, "by_difficulty": {"6": row}},
+            "gate": at_plan.GATE2, "decision": {"overall": row, "by_difficulty": {"6": row}},
             "other_deltas": {"2": row}, "intervention_mean": {"cone": 0.9, "distractor": 0.05}}
 
 
@@ -44,40 +44,46 @@ def _row(section: str, key: str) -> str:
 
 
 def test_prediction_outcome_rules():
-    assert rep.prediction_outcome((0.01, -0.02, 0.04), "equal", 5, 5) == "held"
-    assert rep.prediction_outcome((0.05, 0.01, 0.09), "equal", 5, 5) == "did not hold"
-    assert rep.prediction_outcome((-0.05, -0.09, -0.01), "equal", 5, 5) == "did not hold"
-    assert rep.prediction_outcome((-0.05, -0.09, -0.01), "not_above", 5, 5) == "held"
-    assert rep.prediction_outcome((0.05, 0.01, 0.09), "not_above", 5, 5) == "did not hold"
-    assert (rep.prediction_outcome((0.05, 0.01, 0.09), "not_above", 3, 5)
+    # "no difference" needs a margin declared before the runs: without one an interval spanning 0 is not resolved
+    assert rep_report.prediction_outcome((0.01, -0.02, 0.04), "equal", 5, 5).startswith("not resolved")
+    assert rep_report.prediction_outcome((0.01, -0.02, 0.04), "equal", 5, 5, margin=0.05) == "held"
+    assert rep_report.prediction_outcome((0.01, -0.02, 0.04), "equal", 5, 5, margin=0.03) == "not resolved"
+    assert rep_report.prediction_outcome((0.01, -0.02, 0.04), "not_above", 5, 5).startswith("not resolved")
+    assert rep_report.prediction_outcome((0.05, 0.01, 0.09), "equal", 5, 5) == "did not hold"
+    assert rep_report.prediction_outcome((-0.05, -0.09, -0.01), "equal", 5, 5) == "did not hold"
+    assert rep_report.prediction_outcome((-0.05, -0.09, -0.01), "not_above", 5, 5) == "held"
+    assert rep_report.prediction_outcome((0.05, 0.01, 0.09), "not_above", 5, 5) == "did not hold"
+    assert (rep_report.prediction_outcome((0.05, 0.01, 0.09), "not_above", 3, 5)
             == "pending (3 of 5 seeds; so far did not hold)")
-    assert rep.prediction_outcome(NAN, "equal", 1, 5) == "pending (1 of 5 seeds)"
-    assert set(rep.PREDICTION_RULES) == set(study.PREDICTIONS)  # every declared prediction has a reading rule
+    assert rep_report.prediction_outcome(NAN, "equal", 1, 5) == "pending (1 of 5 seeds)"
+    assert set(rep_report.PREDICTION_RULES) == set(at_plan.PREDICTIONS)  # every declared prediction has a reading rule
 
 
 def test_report_of_the_control_sets_predictions_beside_outcomes(tmp_path):
-    section = rep.report(_records(), tmp_path)
+    section = rep_report.report(_records(), tmp_path)
     assert section.startswith("## ") and "mechanism-absent control" in section
     assert "refuse" not in section and "no RL unit ran" not in section.lower()
     assert "| attnrl | 5 |" in section and "| grpo | 5 |" in section  # the RL table, seeds 10-14
-    assert _row(section, "P1").endswith("| held |")
+    assert section.splitlines()[2].startswith("**This study does not test the paper's claim.**")  # its power first
+    assert _row(section, "P1").endswith("| not resolved (no equivalence margin declared) |")
     assert _row(section, "P2").endswith("| did not hold |")
-    assert "attnrl - grpo: +0.08" in _row(section, "P3") and _row(section, "P3").endswith("| held |")
-    assert _row(section, "P4").endswith("| held |")
-    assert (tmp_path / rep.PLOT).exists()
+    assert "attnrl - grpo: +0.08" in _row(section, "P3")
+    assert _row(section, "P3").endswith("| not resolved (no equivalence margin declared) |")
+    assert _row(section, "P4").endswith("| not resolved (no equivalence margin declared) |")
+    assert (tmp_path / rep_report.PLOT).exists()
 
 
 def test_predictions_pending_while_seeds_are_missing(tmp_path):
-    section = rep.report(_records(seeds=(10, 11, 12)), tmp_path)
-    assert "pending (3 of 5 seeds; so far held)" in _row(section, "P1")
-    none_yet = rep.report([_gate(False)], tmp_path)
+    section = rep_report.report(_records(seeds=(10, 11, 12)), tmp_path)
+    assert "pending (3 of 5 seeds; so far not resolved" in _row(section, "P1")
+    none_yet = rep_report.report([_gate(False)], tmp_path)
     assert "No reported RL unit" in none_yet and "pending (0 of 5 seeds)" in _row(none_yet, "P4")
 
 
 def test_claim_rows_say_the_control_ran(tmp_path):
     for r in _records():
         (tmp_path / f"{r['unit']}.json").write_text(json.dumps(r))
-    claims = rep.study_claims(tmp_path)
+    claims = rep_report.study_claims(tmp_path)
     assert len(claims) == 2
     for c in claims:
         assert "mechanism-absent control" in c["observed"] and "no RL seed" not in c["observed"]
@@ -87,4 +93,4 @@ def test_claim_rows_say_the_control_ran(tmp_path):
     passed.mkdir()
     for r in [_gate(True), _run("attnrl", 10, 0.7)]:
         (passed / f"{r['unit']}.json").write_text(json.dumps(r))
-    assert all(c["observed"].startswith("pending (1 of 5") for c in rep.study_claims(passed))
+    assert all(c["observed"].startswith("pending (1 of 5") for c in rep_report.study_claims(passed))

@@ -421,23 +421,3 @@ def test_tree_methods_differ_only_in_their_branching_rule(method, rule):
         assert len(offsets) == 2 and set(offsets) <= {4, 8}
     else:
         assert offsets == expected[rule]
-
-
-def test_benchmark_paired_interval_and_section_replacement(tmp_path):
-    from benchmarks.attnrl_report import SECTION_TITLE, paired, record
-
-    p = paired([0.5, 0.6, 0.7, 0.6, 0.55], [0.5, 0.5, 0.5, 0.5, 0.5])
-    diffs = [0.0, 0.1, 0.2, 0.1, 0.05]
-    half = 2.776 * statistics.stdev(diffs) / 5 ** 0.5  # t(0.975, 4 df)
-    assert p["mean"] == pytest.approx(0.09)
-    assert (p["t_low"], p["t_high"]) == pytest.approx((0.09 - half, 0.09 + half))
-    assert 0.0 <= p["boot_low"] <= 0.09 <= p["boot_high"] <= 0.2
-    results = tmp_path / "RESULTS.md"
-    results.write_text("# R\n\n## Other (`x.py`)\nkeep\n\n## AttnRL vs GRPO vs entropy branching at equal generated "
-                       "tokens (`benchmarks/attnrl.py`)\nold\n\n## Tour\nkeep too\n")
-    record(results, "new body", SimpleNamespace(plot="p.png"), {})
-    text = results.read_text()
-    assert "old" not in text and "new body" in text and text.count("keep") == 2
-    assert text.index("## Other") < text.index(SECTION_TITLE) < text.index("## Tour")
-    record(results, "newer body", SimpleNamespace(plot="p.png"), {})
-    assert "new body" not in results.read_text() and results.read_text().count(SECTION_TITLE) == 1

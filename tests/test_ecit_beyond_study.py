@@ -1,4 +1,4 @@
-"""The ecit_beyond study (benchmarks/study/ecit_beyond.py, issue 42): a valid plan declared before any unit, every
+"""The ecit_beyond study (benchmarks/studies/ecit_beyond/, issue 42): a valid plan declared before any unit, every
 kind of unit at tiny size through the runner's inline helper, and the report on synthetic records."""
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from benchmarks.study.core import REPORTED_SEEDS
-from benchmarks.study.ecit_beyond import (COMBINERS, M, SACHS_METHODS, STUDY, SUBTESTS, TUNED, TYPEI, null_shift,
-                                          report)
+from benchmarks.studies.ecit_beyond.plan import COMBINERS, M, SACHS_METHODS, STUDY, SUBTESTS, TUNED, TYPEI
+from benchmarks.studies.ecit_beyond.report import null_shift, report
 
 TINY = {"null_reps": 2, "null_sim_reps": 2, "null_m": 120, "m": 120, "typei_reps": (2, 1), "sachs_n": 300, "sachs_m": 100,
         "sachs_max_k": 0, "sachs_kci_budget_s": 600.0}
@@ -29,9 +29,10 @@ def test_plan_is_declared_valid_and_reuses_the_ecit_studys_subsets():
     assert {u.setting["method"] for u in plan if u.name.startswith("sachs-")} == set(SACHS_METHODS)
     assert 1.0 < sum(u.est_core_s for u in plan) / 3600 < 3.0
     # the same datasets and subsets as the E-CIT study's calibration units: its data and split seeds
-    from benchmarks.study import ecit
-    assert ecit.DATA == importlib.import_module("benchmarks.study.ecit_beyond").DATA
-    assert COMBINERS[TUNED] == ecit.COMBINERS[TUNED]
+    from benchmarks.studies.ecit import plan as ecit_plan
+    from benchmarks.studies.ecit_beyond import units as beyond_units
+    from benchmarks.study import ecit_data
+    assert beyond_units.DATA is ecit_data.DATA and COMBINERS[TUNED] == ecit_plan.COMBINERS[TUNED]
 
 
 @pytest.mark.slow
@@ -47,7 +48,7 @@ def test_units_run_tiny_and_the_report_reads_their_records(tmp_path):
     assert set(ti["metrics"]["kci_lp"]) == {*COMBINERS, "cpu_s_per_subset"}
     assert ti["metrics"]["kci"]["binomial0.05"]["null_total"] == 2 and ti["metrics"]["kci"]["fisher"]["alt_total"] == 1
     # the kci column is the E-CIT study's subset p-values of the same datasets and split seeds
-    from benchmarks.study.ecit import _seed, _subset_pvalues, _triplet
+    from benchmarks.study.ecit_data import _seed, _subset_pvalues, _triplet
     again, _ = _subset_pvalues(_triplet(10, 360, 0, False), 120, _seed(10, 360, 0, 0, 1), "kci")
     assert ti["tests"]["kci"]["null"][0] == again
     if _has_cdt():
@@ -75,7 +76,7 @@ def _record(unit: str, seed: int, **body) -> dict:
 def _typei_record(n: int, seed: int, rng: np.random.Generator, shift: dict[str, float]) -> dict:
     """A synthetic type-I record: per sub-test, subset p-values with z ~ N(shift, 1), or (shift None) an evenly
     spread grid (uniform without sampling noise), and its rejection counts."""
-    from benchmarks.study.ecit_beyond import rejections
+    from benchmarks.studies.ecit_beyond.units import rejections
     k = n // M
 
     def subsets(s):

@@ -1,4 +1,4 @@
-"""The E-CIT study (benchmarks/study/ecit.py): a valid plan, and every kind of unit at tiny size through the runner's
+"""The E-CIT study (benchmarks/studies/ecit/): a valid plan, and every kind of unit at tiny size through the runner's
 inline helper, then the report from those records."""
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import importlib
 import pytest
 
 from benchmarks.study.core import REPORTED_SEEDS
-from benchmarks.study.ecit import CAL_NS, COMBINERS, STUDY, SUBSET_SIZES, TUNE_SEEDS, tuned_setting
+from benchmarks.studies.ecit.plan import CAL_NS, COMBINERS, STUDY, SUBSET_SIZES, TUNE_SEEDS, tuned_setting
 from benchmarks.study.runner import run_unit_inline
 
 TINY = {"reps": 3, "tune_n": 240, "n": 240, "full_max_n": 240, "time_full_ns": [120, 240], "time_ecit_ns": [240, 480],
@@ -26,7 +26,7 @@ def test_plan_is_valid_and_within_the_seed_rules():
     assert sorted({u.seed for u in cal}) == list(REPORTED_SEEDS)
     assert {u.setting["n"] for u in cal} == set(CAL_NS)
     # >= 200 nulls and >= 200 alternatives per n over the reported seeds
-    from benchmarks.study.ecit import REPS
+    from benchmarks.studies.ecit.plan import REPS
     assert REPS * len(REPORTED_SEEDS) >= 200
     assert sorted(u.seed for u in plan if u.role == "tune") == sorted(list(TUNE_SEEDS) * len(SUBSET_SIZES))
     for u in plan:
@@ -58,7 +58,7 @@ def test_units_run_tiny_and_the_report_reads_their_records(tmp_path):
     control = run_unit_inline(STUDY, "control-fisherz-s10", tmp_path, overrides={**TINY, "control_ns": [480]})
     assert set(control["metrics"]["480"]) == {*COMBINERS, "one_subset", "full"}
     assert len(control["tests"]["480"]["null"][0]) == 480 // tuned["subset_size"]
-    from benchmarks.study.ecit import report
+    from benchmarks.studies.ecit.report import report
     text = report(load_records(tmp_path / "ecit" / "records"), tmp_path / "out")
     assert text.startswith("## E-CIT") and f"| 240 | {tuned['combiner']} (tuned) |" in text
     assert "| full |" in text and (tmp_path / "out" / "ecit_time.png").exists()
@@ -75,7 +75,7 @@ def test_the_subset_shift_predicts_stouffer_inflation_growing_with_sqrt_k():
     import numpy as np
     from scipy.stats import norm
 
-    from benchmarks.study.ecit import subset_null_shift
+    from benchmarks.studies.ecit.report import subset_null_shift
     rng = np.random.default_rng(0)
     uniform = subset_null_shift(rng.uniform(size=(4000, 10)).tolist())
     assert abs(uniform["mean"]) < 0.02 and abs(uniform["predicted_stouffer"] - 0.05) < 0.01

@@ -240,7 +240,7 @@ def test_safety_figures_of_recorded_walker_states():
 
 def test_finetune_env_must_observe_what_the_policy_was_pretrained_on(tmp_path):
     """A velocity command in one stage and not the other is a config error naming the key."""
-    from benchmarks.lift_finetune import pretrain_in_process
+    from tests.lift_pretrained import pretrain_in_process
     from experiments.config import ConfigError, load
     run = pretrain_in_process(tmp_path / "pre", "walker2d", env_steps=600, seed=0, batch_size=64,
                               updates_per_round=1, num_envs=2)
@@ -256,7 +256,7 @@ def test_finetune_env_must_observe_what_the_policy_was_pretrained_on(tmp_path):
 def pretrained_run(tmp_path_factory):
     """An in-process SAC pretraining on InvertedPendulum in lift_pretrain's file format (~16k env steps, batch 256:
     ~25 s on a quiet core): a policy at 1000 that gravity x9 brings down to a few dozen."""
-    from benchmarks.lift_finetune import pretrain_in_process
+    from tests.lift_pretrained import pretrain_in_process
     return pretrain_in_process(tmp_path_factory.mktemp("pretrain"), "inverted_pendulum", env_steps=16000, seed=1,
                                batch_size=256, updates_per_round=8)
 

@@ -20,4 +20,5 @@ STUDIES: dict[str, str] = {
     "attnrl": "benchmarks.studies.attnrl:STUDY",
     "ecit": "benchmarks.studies.ecit:STUDY",
     "ecit_beyond": "benchmarks.studies.ecit_beyond:STUDY",
+    "ecit_power": "benchmarks.studies.ecit_power:STUDY",
 }

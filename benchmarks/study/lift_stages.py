@@ -1,59 +1,28 @@
-"""LIFT's claim on Walker2d as a study (issue 23): finetuning with deterministic real actions and exploration only in a
-physics-informed world model needs fewer real steps, and falls less, than SAC finetuning.
-
-    python -m benchmarks.study lift run        # the pending units, one at a time (a lane)
-    python -m benchmarks.study lift status
-    python -m benchmarks.study lift report     # the RESULTS.md section and the plot, from the JSON records alone
-
-Plan (``units``), in run order:
-  pretrain   (stage)  Walker2d-v5 with a velocity command v* ~ U(0, 1.5) (configs/env_preset/lift_pretrain_walker2d.yaml),
-                      100k env steps of SAC in one process, checkpointed every <= 15 min; then stage 2: the four
-                      world models (physics, black box, prior only, residual only) fitted on the newest 20k pretraining
-                      transitions. The start model = agent.pt + the four stage-2 files (``START_FILES``).
-  gate-*     (gate)   per change, the pretrained policy's return in the reference env vs zero-shot in the changed env
-                      (``GATE_EPISODES`` episodes each); a change it keeps >= 80 % under is replaced by the next rung of
-                      its ladder (``LADDERS``), and the record says which one was chosen. Method units read it.
-  tune-*     (tune)   each main method on the coefficient grid (``GRID``: temperature reset or kept x target rate tau)
-                      on tuning seed 100, the tuning change only, a shorter run (``TUNE_EPOCHS``).
-  <change>-<method>-s<seed> (report)  seeds 10-14, each main method with the grid point its tuning runs scored best
-                      (mean evaluation return over the run); the two ablations (appendix) on seeds 10-11, friction only, with LIFT's.
-Every finetuning unit: 16 epochs of 250 real steps (4000 real steps), a deterministic evaluation after each and one
-before the first; the record has the return at 250/500/1k/2k/4k real steps, real steps to 80 % recovery, falls per
-1000 real steps, the worst excursion, the final return, the world model's held-out error and the curves.
-"""
+"""The stages every LIFT study on Walker2d runs (the first study's, issue 23, archived in
+``benchmarks/studies/archive/lift``; ``lift_official`` and later studies call them): the pretraining stage and its
+stage-2 world models, the gate that picks a change the pretrained policy does not keep, and one finetuning run by
+the learner a cluster job runs, with its record body. A study's plan (which changes, methods, seeds, coefficients)
+stays in its own folder, ``benchmarks/studies/<study>/``."""
 from __future__ import annotations
 
 import logging
 import math
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
-from benchmarks.study.core import Study, Unit, UnitContext
+from benchmarks.study.core import UnitContext
+from benchmarks.study.stats import t_interval
 
 log = logging.getLogger(__name__)
 TASK = "walker2d"
-V_MAX = 1.5  # top of the pretraining command range
 PRETRAIN_SEED = 0
 PRETRAIN_STEPS = 100_000
 WM_KINDS = ("physics", "blackbox", "prior_only", "residual_only")
-MAIN_METHODS = ("lift", "sac_finetune", "sac_finetune_matched", "lift_stochastic", "mbpo_wm", "sac_deterministic")
-APPENDIX_METHODS = ("lift_prior_only", "lift_residual_only")
-CHANGES = ("friction", "mass", "ood_velocity")
-REPORT_SEEDS = (10, 11, 12, 13, 14)
-APPENDIX_SEEDS = (10, 11)
-APPENDIX_CHANGES = ("friction",)  # the budget's cut: the model ablations on one change
-TUNE_SEEDS = (100,)
-TUNE_CHANGE = "friction"
 GATE_EPISODES = 10
 KEEP_LIMIT = 0.8  # a change the policy keeps this share of its return under is too weak to study recovery
-# The coefficient grid every main method is tuned on: LIFT resets the temperature to e^-7.13 and uses tau = 0.001;
-# the alternative keeps the pretrained temperature (and its Adam state) and/or uses the pretraining's tau = 0.005.
-GRID = ({"temperature": "reset", "tau": 0.001}, {"temperature": "reset", "tau": 0.005},
-        {"temperature": "keep", "tau": 0.001}, {"temperature": "keep", "tau": 0.005})
-TUNE_EPOCHS = 6  # 1500 real steps
 # The finetuning loop's sizes (experiments.lift.finetune_config.Config), fitted to ~3 core-hours for the study:
 # LIFT's structure with its schedules shrunk (horizon 1 -> 5, 4 -> 16 branches of 20 SAC steps per 250 real steps,
 # i.e. 0.3 -> 1.3 SAC steps per real step where LIFT does 20) and the world model's retraining cut to <= 100 Adam
@@ -69,76 +38,6 @@ STUDY_EXP: dict[str, Any] = dict(
 def command(v: float) -> dict:
     return {"command_range": [v, v], "sigma": 0.5}
 
-
-def ladder(change: str) -> list[dict]:
-    """The rungs of a change, mildest first: {"label", "env" (finetuning env spec), "reference" (pre-change env)}."""
-    if change == "friction":
-        return [{"label": f"friction x{s}", "env": {"target_velocity": command(1.0), "friction": {"scale": s}},
-                 "reference": {"target_velocity": command(1.0)}} for s in (0.3, 0.2, 0.1)]
-    if change == "mass":
-        return [{"label": f"torso mass x{s}", "env": {"target_velocity": command(1.0), "mass": {"scale": s}},
-                 "reference": {"target_velocity": command(1.0)}} for s in (2.0, 3.0, 4.0)]
-    if change == "ood_velocity":
-        return [{"label": f"command {v} m/s (v_max {V_MAX})", "env": {"target_velocity": command(v)},
-                 "reference": {"target_velocity": command(V_MAX)}} for v in (2.25, 2.7, 3.0)]
-    raise ValueError(f"unknown change {change!r}; choose from {CHANGES}")
-
-
-def start_files(artifacts: Path) -> list[Path]:
-    return [artifacts / "pretrain" / "agent.pt", *(artifacts / "stage2" / f"{k}.pt" for k in WM_KINDS)]
-
-
-# ------------------------------------------------------------------------------------------------------------ plan
-
-def tune_name(method: str, point: int, seed: int) -> str:
-    return f"tune-{method}-g{point}-s{seed}"
-
-
-def units() -> list[Unit]:
-    fn = "benchmarks.study.lift:"
-    plan = [Unit("pretrain", "stage", "pretrain", PRETRAIN_SEED, fn + "run_pretrain",
-                 {"env_steps": PRETRAIN_STEPS, "wm_kinds": list(WM_KINDS)}, est_core_s=1300.0)]
-    plan += [Unit(f"gate-{c}", "gate", "gate", None, fn + "run_gate", {"change": c}, ("pretrain",), est_core_s=40.0)
-             for c in CHANGES]
-    for m in MAIN_METHODS:
-        for i, point in enumerate(GRID):
-            for s in TUNE_SEEDS:
-                plan.append(Unit(tune_name(m, i, s), "tune", m, s, fn + "run_method",
-                                 {"change": TUNE_CHANGE, "coefficients": point, "epochs": TUNE_EPOCHS},
-                                 (f"gate-{TUNE_CHANGE}",), est_core_s=est_cost(m, TUNE_EPOCHS)))
-    for s in REPORT_SEEDS:
-        for c in CHANGES:
-            for m in MAIN_METHODS:
-                plan.append(_report_unit(m, c, s, m))
-            if s in APPENDIX_SEEDS and c in APPENDIX_CHANGES:
-                for m in APPENDIX_METHODS:
-                    plan.append(_report_unit(m, c, s, "lift"))  # ablations of LIFT run with LIFT's coefficients
-    return plan
-
-
-def _report_unit(method: str, change: str, seed: int, tuned_by: str) -> Unit:
-    tuning = tuple(tune_name(tuned_by, i, s) for i in range(len(GRID)) for s in TUNE_SEEDS)
-    return Unit(f"{change}-{method}-s{seed}", "report", method, seed, "benchmarks.study.lift:run_method",
-                {"change": change, "tuned_by": tuned_by, "epochs": STUDY_EXP["epochs"]}, (f"gate-{change}", *tuning),
-                est_core_s=est_cost(method, STUDY_EXP["epochs"]))
-
-
-# Core-seconds of one 16-epoch unit (4000 real steps), measured on this machine while it ran ~20-40 other processes on
-# 2 cores (load average 20-42; the last two at ~7), so pessimistic: the CPU time of a contended core (a SAC step took
-# 11-12 ms under load 30-40, 9.5 at 7, 8.8 at 4). Measured from a 14k-step pretraining (the study's start model was
-# not made yet): lift 134 (evaluation 25, world-model retraining 44, branching + 4520 SAC steps 58), sac_finetune 55
-# (its policy fell early: evaluation 6 s, a walking policy's is ~25 s), sac_finetune_matched 54, mbpo_wm 210 (its
-# retraining at 200 steps, before the cut: 139), at load ~7 sac_deterministic 53 and lift_stochastic 95 (evaluation
-# 7). Derived: + ~20 s of evaluation where the policy fell early; mbpo_wm minus half its retraining; the ablations as lift.
-MEASURED_16_EPOCHS = {"lift": 135.0, "lift_stochastic": 115.0, "lift_prior_only": 135.0, "lift_residual_only": 135.0,
-                      "mbpo_wm": 160.0, "sac_finetune": 75.0, "sac_finetune_matched": 75.0, "sac_deterministic": 70.0}
-
-
-def est_cost(method: str, epochs: int) -> float:
-    return MEASURED_16_EPOCHS[method] * epochs / 16
-
-
-# ------------------------------------------------------------------------------------------------------ unit fns
 
 def exp_config(ctx: UnitContext, **extra: Any):
     from experiments.lift.finetune_config import Config
@@ -233,7 +132,7 @@ def _recollect(ctx: UnitContext, spec) -> dict:
     return {k: batch[k] for k in ("qpos", "qvel", "ctrl", "next_qpos", "next_qvel", "terminated", "truncated")}
 
 
-def _policy(ctx: UnitContext):
+def policy_of(ctx: UnitContext):
     import torch
 
     from algos.lift.agent import SACAgent
@@ -245,15 +144,15 @@ def _policy(ctx: UnitContext):
     return lambda obs: agent.act(obs, True).numpy()
 
 
-def run_gate(ctx: UnitContext, ladder_fn: Any = None, keep_limit: float = KEEP_LIMIT) -> dict:
+def run_gate(ctx: UnitContext, ladder_fn: Callable[[str], list[dict]], keep_limit: float = KEEP_LIMIT) -> dict:
     """The pretrained policy's return in the reference env and zero-shot in the changed env, up the change's ladder
-    (``ladder_fn(change)``, default this study's ``ladder``) until it keeps < ``keep_limit`` of its return; records
-    every rung tried and the one chosen."""
+    (``ladder_fn(change)``: rungs ``{"label", "env", "reference"}``, mildest first) until it keeps < ``keep_limit``
+    of its return; records every rung tried and the one chosen."""
     from envs.control.rollout import evaluate
     change = ctx.setting["change"]
-    rungs = (ladder_fn or ladder)(change)
+    rungs = ladder_fn(change)
     episodes = ctx.size("gate_episodes", GATE_EPISODES)
-    policy = _policy(ctx)
+    policy = policy_of(ctx)
     tried, chosen = [], None
     references: dict[str, float] = {}
     for rung in rungs:
@@ -277,42 +176,6 @@ def run_gate(ctx: UnitContext, ladder_fn: Any = None, keep_limit: float = KEEP_L
                         "replaced": chosen is not tried[0], "too_weak": weak, "episodes": episodes},
             "chosen": {"label": chosen["label"], "env": chosen["env"], "reference": chosen["reference"]},
             "ladder": tried}
-
-
-def choose_coefficients(ctx: UnitContext) -> tuple[dict, dict]:
-    """The grid point of this unit: its own (tuning) or the best-scoring of its tuning units (mean evaluation return
-    over the run, averaged over tuning seeds); returns (point, how it was chosen)."""
-    if ctx.unit.role == "tune":
-        return dict(ctx.setting["coefficients"]), {"tuning": "this unit is a tuning run"}
-    records = ctx.records()
-    by = ctx.setting["tuned_by"]
-    scores = []
-    for i, point in enumerate(GRID):
-        values = [records[n]["metrics"]["mean_return"] for n in (tune_name(by, i, s) for s in TUNE_SEEDS)
-                  if n in records]
-        if values:
-            scores.append((float(np.mean(values)), i, point))
-    if not scores:
-        raise RuntimeError(f"no tuning records of {by}: run its tune units first")
-    best = max(scores, key=lambda s: s[0])
-    return dict(best[2]), {"tuned_by": by, "grid_index": best[1], "tuning_change": TUNE_CHANGE,
-                           "scores": {str(i): s for s, i, _ in scores}}
-
-
-def run_method(ctx: UnitContext) -> dict:
-    """One method x change x seed: the chosen change of the gate, the chosen coefficients, 16 (tuning: 8) epochs."""
-    from experiments.lift.finetune_config import METHOD_SPECS
-    gate = ctx.records()[f"gate-{ctx.setting['change']}"]
-    point, choice = choose_coefficients(ctx)
-    exp = exp_config(ctx, load_alpha=point["temperature"] == "keep", sac={"tau": point["tau"]},
-                     epochs=ctx.size("epochs", ctx.setting["epochs"]))
-    kind = METHOD_SPECS[ctx.unit.method].model
-    stage2 = ctx.artifacts / "stage2" / f"{kind}.pt" if kind else None
-    body = finetune(ctx.unit.method, gate["chosen"]["env"], exp, ctx.seed, ctx.artifacts / "pretrain" / "agent.pt",
-                    stage2, gate["metrics"]["pre_change_return"], gate["metrics"]["zero_shot_return"],
-                    ctx.work_dir / "run")
-    return {**body, "coefficients": point, "choice": choice, "change_spec": gate["chosen"],
-            "schedule": {k: getattr(exp, k) for k in STUDY_EXP} | {"epochs": exp.epochs}}
 
 
 FIXED_STEPS = (250, 500, 1000, 2000, 4000)  # real-step counts at which every method's return is reported
@@ -392,10 +255,41 @@ def _jsonable(v: Any) -> Any:
     return v
 
 
-def report(records: list[dict], out_dir: Path) -> str:
-    from benchmarks.lift_finetune_stats import study_report
-    return study_report(records, out_dir)
+# ---------------------------------------------------------------------------------- reading and drawing records
+
+def record_value(record: dict, key: str) -> float | None:
+    value: object = record["metrics"]
+    for part in key.split("."):
+        value = value.get(part) if isinstance(value, dict) else None
+    return float(value) if isinstance(value, (int, float)) and math.isfinite(float(value)) else None
 
 
-STUDY = Study(name="lift", title="LIFT finetuning on Walker2d (issue 23)", units=units, start_files=start_files,
-              report="benchmarks.study.lift:report")
+def by_seed(records: list[dict], change: str, method: str, key: str) -> dict[int, float]:
+    """{seed: value} of the reported units of one change and method."""
+    out = {}
+    for r in records:
+        if r["role"] == "report" and r["method"] == method and r["setting"].get("change") == change:
+            value = record_value(r, key)
+            if value is not None:
+                out[int(r["seed"])] = value
+    return out
+
+
+def band_plot(ax, steps, values: np.ndarray, color: str, label: str) -> None:
+    """Mean return over seeds (rows of ``values``) with its 95 % t-band."""
+    band = np.array([t_interval(list(col)) for col in np.asarray(values, dtype=float).T])
+    ax.plot(steps, band[:, 0], marker="o", ms=2, color=color, label=f"{label} ({len(values)})")
+    if len(values) > 1:
+        ax.fill_between(steps, band[:, 1], band[:, 2], color=color, alpha=0.12)
+
+
+def recovery_panel(ax, gate: dict | None, xlabel: str) -> None:
+    """A return-vs-real-steps panel's pre-change and 80 %-recovery lines (from the change's gate record) and axes."""
+    if gate:
+        pre, zero = gate["metrics"]["pre_change_return"], gate["metrics"]["zero_shot_return"]
+        ax.axhline(pre, color="k", ls="--", lw=1, label="pre-change")
+        ax.axhline(zero + 0.8 * (pre - zero), color="k", ls="-.", lw=0.7, label="80 % recovery")
+        ax.set_title(gate["chosen"]["label"], fontsize=9)
+    ax.set(xlabel=xlabel, ylabel="deterministic eval return")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=6)

@@ -1,22 +1,31 @@
-"""The RESULTS.md section of AttnRL's study (benchmarks/study/attnrl.py), from its JSON records alone.
+"""The report of AttnRL's study (``plan.py``), from its JSON records alone.
 
 Numbers are taken at the matched token count of each seed (the smallest final total among that seed's reported
 runs); the primary metric is the sampled accuracy on the longest problems, averaged over the last quarter of the
-matched range (benchmarks/attnrl_report.py: late_mean). Differences are seed-paired, with 95 % Student-t intervals;
-a claim counts as shown only when its interval excludes zero in the claimed direction.
-"""
+matched range (``runs.late_mean``). Differences are seed-paired, with 95 % Student-t intervals;
+a claim counts as shown only when its interval excludes zero in the claimed direction."""
 from __future__ import annotations
 
 import math
 import statistics
 from pathlib import Path
 
-from benchmarks.attnrl_report import PRIMARY, interpolate, late_mean
+from benchmarks.studies.attnrl.gates import (_fmt, _holds, _signed, _t, deciding_gate_lines, failed_gate_reading,
+                                             gate_lines, gate_probe_lines, sft_lines)
+from benchmarks.studies.attnrl.runs import PRIMARY, interpolate, late_mean
 from benchmarks.study.core import REPORTED_SEEDS
+
 
 TITLE = "## AttnRL vs GRPO and branching controls on the cone task (`python -m benchmarks.study attnrl`)"
 COMMAND = "nice -n 19 python -m benchmarks.study attnrl run   # then: python -m benchmarks.study attnrl report"
 PLOT = "attnrl.png"
+# Issue 38's second model for the gate (a unit-token 4-layer model), archived with its records: its summary, as its
+# report wrote it from them.
+ARCHIVED_SECOND_GATE = (
+    "**Second gate model** (unit tokens, 4 layers, `attnrl_units`, archived in `benchmarks/studies/archive/attnrl_units/`): "
+    "FCI -0.034 [-0.073, +0.004], FCI - earliest +0.025 [+0.012, +0.038], FCI - random -0.035 [-0.074, +0.003] over 544 "
+    "responses. **FCI does not beat both orderings on the unit-token model either: its RL units never ran, and the "
+    "attnrl study's mechanism-absent control reading stands.**")
 ORDER = ("attnrl", "grpo", "entropy_tree", "attn_tree", "earliest_tree", "random_tree", "oracle_tree",
          "attnrl_ads_only", "attnrl_offpolicy_only")
 # (a, b, what "a - b > 0" would show)
@@ -33,166 +42,8 @@ COMPARISONS = [("attnrl", "grpo", "AttnRL ahead of GRPO"),
                ("entropy_tree", "grpo", "entropy branching ahead of GRPO")]
 
 
-def _t(values: list[float]) -> tuple[float, float, float]:
-    from benchmarks.study.stats import t_interval
-    return t_interval(values)
-
-
-def _fmt(stat, pattern: str = "{:.3f}") -> str:
-    from benchmarks.study.stats import fmt_interval
-    return fmt_interval(tuple(stat), pattern)
-
-
-def _signed(stat) -> str:
-    return _fmt(stat, "{:+.3f}")
-
-
-def _holds(stat) -> str:
-    _, low, high = stat
-    if not (math.isfinite(low) and math.isfinite(high)):
-        return "n/a (fewer than 2 seeds)"
-    return "shown" if low > 0 else ("reversed" if high < 0 else "not shown (interval spans 0)")
-
-
-# ------------------------------------------------------------------------------------------------ sections
-
-def sft_lines(sft: dict | None, gate: dict | None) -> list[str]:
-    if sft is None:
-        return ["SFT: not finished yet (its stage checkpoints into `benchmarks/studies/attnrl/records/artifacts/sft/`)."]
-    m, s = sft["metrics"], sft.get("settings", {})
-    lines = [f"SFT (`sft` stage, {sft.get('calls', 1)} call(s), {sft['cpu_s'] / 60:.0f} CPU-min): task "
-             f"`{s.get('task')}`, model `{s.get('model')}`, {m['steps']} steps, stopped by the "
-             f"{'step-error rule' if m['stopped_by'] == 'rule' else 'step cap'} (per-line error at T=1 on the longest "
-             f"problems {m['step_error'] if m['step_error'] is not None else 'n/a'}); greedy accuracy by difficulty "
-             "on its curriculum set: " + ", ".join(f"{d}: {v:.2f}" for d, v in m["greedy_by_difficulty"].items())
-             + "."]
-    if gate is not None:
-        e = gate["sft"]["eval"]
-        lines.append(f"SFT on the study's evaluation set: sampled accuracy on the longest problems {e[PRIMARY]:.3f}, "
-                     f"greedy {e['greedy']:.3f} (by difficulty " +
-                     ", ".join(f"{d}: {v:.2f}" for d, v in e["by_difficulty"].items()) + ").")
-    return lines
-
-
-def gate_lines(gate: dict | None) -> list[str]:
-    if gate is None:
-        return ["**FCI gate: not run yet.** No RL unit runs before it."]
-    m, dec = gate["metrics"], gate["decision"]
-    lines = [f"**First gate** (`gate` unit, resampling influence, delta = {m['delta']}): the SFT model's responses to "
-             f"{m['problems_per_difficulty']} problems per difficulty (kept, line count matching the program: "
-             + ", ".join(f"{d} steps: {n}" for d, n in m["responses_kept"].items()) +
-             f") are branched at every computation step after the first, {m.get('continuations', 4)} continuations "
-             "each; flip(k) = share of continuations from step k whose reward differs from the original's. A step's "
-             "measured influence on the "
-             "answer is flip(k) - flip(k + 1), what resampling the step itself adds (the resampling importance of "
-             "Thought Anchors). Per response, Spearman correlation of each ordering of the steps with that influence "
-             "(responses with a constant influence left out; a constant ordering counts 0); mean [95 % t-interval] "
-             "over responses:", "",
-             "| difficulty | responses | FCI | earliest first | random | FCI - earliest | FCI - random |",
-             "|---|---|---|---|---|---|---|"]
-    rows = [("all", dec["overall"])] + list(dec["by_difficulty"].items())
-    for name, r in rows:
-        cells = [_signed(r[k]) for k in ("fci", "earliest", "random", "fci_minus_earliest", "fci_minus_random")]
-        lines.append(f"| {name} | {r['responses']} | " + " | ".join(cells) + " |")
-    if "suffix_flip" in gate:
-        r = gate["suffix_flip"]
-        lines += ["", f"Against flip(k) itself (positional by construction: earlier resampling redoes more steps), "
-                      f"{r['responses']} responses: FCI {_signed(r['fci'])}, earliest {_signed(r['earliest'])}, random "
-                      f"{_signed(r['random'])}."]
-    lines += ["", "FCI at other deltas (all difficulties): " + "; ".join(
-        f"delta {d}: FCI {_signed(r['fci'])}, FCI - earliest {_signed(r['fci_minus_earliest'])}"
-        for d, r in gate["other_deltas"].items()) + "."]
-    sp = gate["summary"].get("spearman", {})
-    truth = [(f"FCI (delta {d})", sp.get(f"fci(d={d})~cone")) for d in (1, 2, 4)] + [
-        ("earliness", sp.get("earliness~cone")), ("the flip rate itself", sp.get("flip~cone"))]
-    if any(v is not None for _, v in truth):
-        lines += ["", "Against the true dependency (membership in the answer's cone, known to the generator), mean "
-                      "per-response Spearman: " + ", ".join(f"{k} {v:+.3f}" for k, v in truth
-                                                           if v is not None and math.isfinite(v)) + "."]
-    rules = gate["summary"].get("rules", {})
-    if rules:
-        lines += ["", "Branch points each rule picks (N = 2) on the same responses: share in the answer's dependency "
-                      "cone, mean outcome-flip rate, share of branch groups with mixed outcomes (the signal a tree "
-                      "needs):", "", "| rule | in cone | flip rate | mixed groups |", "|---|---|---|---|"]
-        for name, v in rules.items():
-            lines.append(f"| {name} | {v['in_cone']:.2f} | {v['flip']:.3f} | {v['mixed']:.3f} |")
-    o = dec["overall"]
-    how = "; ".join(f"FCI - {k}: {_signed(o[f'fci_minus_{k}'])}, " + (
-        "worse" if o[f"fci_minus_{k}"][2] < 0 else "ahead" if o[f"fci_minus_{k}"][1] > 0 else "not separable at this "
-        "precision") for k in ("earliest", "random"))
-    verdict = ("**FCI beats both** (both paired intervals above 0)." if m["fci_beats_both"] else
-               f"**FCI does not beat both** ({how}). Where an interval spans 0, the measurement could not separate the "
-               "orderings: \"no room\" then means \"no room this measurement can see\", not a shown absence.")
-    if not m.get("enough_responses", True):
-        verdict += " Caution: some difficulty has fewer than 24 usable responses."
-    return lines + ["", verdict]
-
-
-def _heads(probe: dict | None) -> tuple[dict[str, float], str | None]:
-    """The second look's per-head correlations on the study task, and the best single head (None without heads)."""
-    heads = probe["variants"].get("study_task", next(iter(probe["variants"].values())))["heads"] if probe else {}
-    per_head = {k: v for k, v in heads.items() if k.startswith("L")}
-    return heads, max(per_head, key=per_head.get) if per_head else None
-
-
-def gate_probe_lines(probe: dict | None) -> list[str]:
-    """The second look (``gate-probe`` unit): influence by forced result changes, on the study task and on variants
-    whose distractors are dead ends, with the per-head view of the attention."""
-    if probe is None:
-        return []
-    lines = [f"**Second look** (`gate-probe` unit, same SFT model, delta = {probe['delta']}): a step's influence "
-             "measured by forcing its written result to other values and letting the model finish greedily (share of "
-             "forced values that change the answer line). Unlike resampling, this needs no model error, so every "
-             "response counts and the measurement is nearly noise-free. Besides the study task, two variants whose "
-             "distractors are read by nothing (dead ends: attention to them has no reason to exist; such programs are "
-             "a subset of those the model was trained on):", "",
-             "| task | responses | influence: cone / distractor steps | FCI | earliest first | random | "
-             "FCI - earliest | FCI - random | FCI beats both |", "|---|---|---|---|---|---|---|---|---|"]
-    for name, v in probe["variants"].items():
-        o, im = v["decision"]["overall"], v["intervention_mean"]
-        cells = [_signed(o[k]) for k in ("fci", "earliest", "random", "fci_minus_earliest", "fci_minus_random")]
-        shares = " / ".join("n/a" if im[k] is None else f"{im[k]:.2f}" for k in ("cone", "distractor"))
-        lines.append(f"| {name} (`{v['task']}`) | {o['responses']} | {shares} | "
-                     + " | ".join(cells) + f" | {'yes' if v['decision']['fci_beats_both'] else 'no'} |")
-    heads, best = _heads(probe)
-    lines += ["", "Which attention sees the dependency? On the reference solutions of the study task, mean "
-                  "per-problem Spearman of each head's column sum (attention later steps pay to a step) with the step's "
-                  "membership in the answer's cone: " + ", ".join(f"{k} {v:+.3f}" for k, v in heads.items()) +
-              (f". The best single head ({best}, {heads[best]:+.3f})" if best else "") +
-              " is what a per-head FCI could at most reach here."]
-    return lines
-
-
-def deciding_gate_lines(gate: dict | None, name: str) -> list[str]:
-    """The gate the RL units wait on (benchmarks/study/attnrl.py: GATE2)."""
-    if gate is None:
-        return [f"**Deciding gate** (`{name}`): not run yet. No RL unit runs before it."]
-    m, g, dec = gate["metrics"], gate["gate"], gate["decision"]
-    im = gate["intervention_mean"]
-    lines = [f"**Deciding gate** (`{name}` unit, declared after the second look and before it ran): the second look's "
-             f"measure on fresh problems (seed {g['seed']}), {g['problems']} per difficulty (kept: "
-             + ", ".join(f"{d} steps: {n}" for d, n in m["responses_kept"].items()) +
-             f"), {g['interventions']} forced values per step, the random ordering's chance level averaged over "
-             f"{g['random_draws']} permutations per response; delta = {m['delta']}. Forced changes move the answer "
-             f"at {im['cone'] or 0:.2f} of cone steps and {im['distractor'] or 0:.2f} of distractor steps.", "",
-             "| difficulty | responses | FCI | earliest first | random | FCI - earliest | FCI - random |",
-             "|---|---|---|---|---|---|---|"]
-    for label, r in [("all", dec["overall"])] + list(dec["by_difficulty"].items()):
-        cells = [_signed(r[k]) for k in ("fci", "earliest", "random", "fci_minus_earliest", "fci_minus_random")]
-        lines.append(f"| {label} | {r['responses']} | " + " | ".join(cells) + " |")
-    lines += ["", "Other deltas (all difficulties): " + "; ".join(
-        f"delta {d}: FCI {_signed(r['fci'])}, FCI - earliest {_signed(r['fci_minus_earliest'])}, FCI - random "
-        f"{_signed(r['fci_minus_random'])}" for d, r in gate["other_deltas"].items()) + "."]
-    lines.append("")
-    lines.append("**FCI beats both: the RL units run.**" if m["fci_beats_both"] else
-                 "**FCI does not beat both.** Since issue 38 the RL units run anyway, as the mechanism-absent control: "
-                 "FCI has no room on this model, so they measure AttnRL's other parts (tree advantages, ADS, "
-                 "off-policy) against GRPO at equal tokens, against predictions written before they ran (below).")
-    return lines
-
-
 def tuning_lines(records: list[dict]) -> list[str]:
-    from benchmarks.study import attnrl as study
+    from benchmarks.studies.attnrl import plan as study
     tunes = [r for r in records if r["role"] == "tune"]
     if not tunes:
         return []
@@ -291,37 +142,50 @@ def main_tables(by: dict, matched: dict) -> tuple[list[str], dict]:
     return lines, {"primary": primary, "stats": stats}
 
 
-# How each declared prediction (benchmarks/study/attnrl.py: PREDICTIONS, written before any RL unit ran) is read off
-# the seed-paired primary metric: (a, b, rule). "equal": held iff the 95 % interval of a - b contains 0; "not_above":
-# held iff it does not lie above 0. P3's own statistic is FCI branching's gain over the earliest steps (no gain of its
-# own: the AttnRL-vs-GRPO difference is not FCI's); AttnRL - GRPO and AttnRL - ATB are shown beside it, and P3 does not
-# hold when ATB's gain over the earliest steps is shown.
+# How each declared prediction (``plan.PREDICTIONS``, written before any RL unit ran) is read off the seed-paired
+# primary metric: (a, b, rule). "equal" and "not_above" are "no difference" claims: held only inside an equivalence
+# margin declared before the runs (none was), so an interval spanning 0 is "not resolved" (prediction_outcome; until
+# issue 50 it read "held"). P3's own statistic is FCI branching's gain over the earliest steps, the same as P1's, so
+# it tests nothing P1 does not; AttnRL - GRPO and AttnRL - ATB are shown beside it.
 PREDICTION_RULES = {"P1": ("attn_tree", "earliest_tree", "equal"), "P2": ("attn_tree", "random_tree", "not_above"),
                     "P3": ("attn_tree", "earliest_tree", "not_above"), "P4": ("entropy_tree", "random_tree", "equal")}
 PREDICTION_CONTEXT = {"P3": (("attnrl", "grpo"), ("attnrl", "attn_tree"))}
 
 
-def prediction_outcome(stat: tuple[float, float, float], rule: str, seeds: int, planned: int) -> str:
-    """held / did not hold / pending for one prediction's paired difference over ``seeds`` of ``planned`` seeds."""
+def prediction_outcome(stat: tuple[float, float, float], rule: str, seeds: int, planned: int,
+                       margin: float | None = None) -> str:
+    """held / did not hold / not resolved / pending for one prediction's paired difference over ``seeds`` of
+    ``planned`` seeds. A "no difference" prediction ("equal", "not_above") holds only inside an equivalence margin
+    declared before the runs; with none declared, an interval that spans 0 is "not resolved", never "held"."""
     _, low, high = stat
     if seeds < 2 or not (math.isfinite(low) and math.isfinite(high)):
         return f"pending ({seeds} of {planned} seeds)"
     if rule == "equal":
-        held = low <= 0 <= high
+        if not (low <= 0 <= high):
+            word = "did not hold"
+        elif margin is not None and -margin <= low and high <= margin:
+            word = "held"
+        else:
+            word = "not resolved (no equivalence margin declared)" if margin is None else "not resolved"
     elif rule == "not_above":
-        held = low <= 0
+        if low > 0:
+            word = "did not hold"
+        elif high < 0 or (margin is not None and high <= margin):
+            word = "held"
+        else:
+            word = "not resolved (no equivalence margin declared)" if margin is None else "not resolved"
     else:
         raise ValueError(f"unknown prediction rule {rule!r}")
-    word = "held" if held else "did not hold"
     return word if seeds >= planned else f"pending ({seeds} of {planned} seeds; so far {word})"
 
 
 def prediction_lines(primary: dict[str, dict[int, float]], predictions: dict, planned_seeds: int) -> list[str]:
     """Each prediction beside what happened: its paired interval, and held / did not hold / pending."""
     from benchmarks.study.stats import paired
-    lines = ["Predictions, written into the study's code (`PREDICTIONS` in benchmarks/study/attnrl.py, with the reason "
+    lines = ["Predictions, written into the study's code (`PREDICTIONS` in benchmarks/studies/attnrl/plan.py, with the reason "
              "for each) before any RL unit ran, beside what happened (primary metric, a - b seed-paired over the "
-             "reported seeds both methods have, mean [95 % t-interval]; \"equal\": the interval contains 0):", "",
+             "reported seeds both methods have, mean [95 % t-interval]). No prediction declared an equivalence margin, so a "
+             "\"no difference\" prediction whose interval spans 0 is not resolved, not held:", "",
              "| | prediction | a - b | seeds | mean [95 % t-interval] | beside it | outcome |",
              "|---|---|---|---|---|---|---|"]
 
@@ -338,6 +202,28 @@ def prediction_lines(primary: dict[str, dict[int, float]], predictions: dict, pl
                      f"{beside or '-'} | {prediction_outcome(st, rule, n, planned_seeds)} |")
     return lines
 
+
+
+def power_lines(by: dict, matched: dict, stats: dict) -> list[str]:
+    """What this study can and cannot show, read off its own numbers; the report's first paragraph."""
+    if "attnrl" not in by or "grpo" not in by:
+        return []
+    sft = next(iter(next(iter(by.values())).values()))["curves"]["eval"][0][PRIMARY]
+    best_m, best = max(((m, statistics.fmean(_late(r, matched[s]) for s, r in rs.items())) for m, rs in by.items()
+                        if len(rs) >= 3), key=lambda x: x[1])
+    updates = {m: statistics.fmean(_late(r, matched[s], "updates") for s, r in by[m].items())
+               for m in ("attnrl", "grpo")}
+    gap = stats.get(("attnrl", "grpo"))
+    lines = [f"**This study does not test the paper's claim.** RL barely moved the model: the SFT model scores "
+             f"{sft:.3f} on the primary metric, the best method ({best_m}) {best:.3f}; in ~200k generated tokens AttnRL "
+             f"made {updates['attnrl']:.0f} updates, GRPO {updates['grpo']:.0f}. AttnRL - GRPO is "
+             + (f"{_signed(gap)}" if gap else "pending") + ", an interval as wide as any effect this budget could "
+             "give, and no equivalence margin was declared, so \"no difference\" is not resolved either way. The "
+             "deciding FCI gate failed (below): FCI ranks steps at chance on this model, so the RL table is a "
+             "control without the mechanism. P1 (attn_tree = earliest_tree) holds by construction: with FCI at "
+             "chance ATB picks the two earliest steps in 99 % of responses (issue 50's review), so the two methods "
+             "branch at the same points; P3 is scored on the same statistic as P1, so it adds no test of its own."]
+    return lines + [""]
 
 def plot(by: dict, matched: dict, path: Path) -> None:
     import matplotlib
@@ -388,32 +274,6 @@ def cost_lines(records: list[dict], plan: list) -> list[str]:
             f"{len(plan) - len(done)} pending unit(s)."]
 
 
-def failed_gate_reading(gate: dict, probe: dict | None) -> list[str]:
-    """What a failed deciding gate says, read off its numbers (and the second look's, when there is one)."""
-    o, im = gate["decision"]["overall"], gate["intervention_mean"]
-    at_chance = o["fci"][1] <= 0 <= o["fci"][2]
-    lines = [f"- FCI's rank agreement with the steps' measured influence is {_signed(o['fci'])} over {o['responses']} "
-             f"responses against a chance level of {_signed(o['random'])}"
-             + (": indistinguishable from chance" if at_chance else "") +
-             f"; earliest-first scores {_signed(o['earliest'])}, so FCI - earliest ({_signed(o['fci_minus_earliest'])}) "
-             "says FCI is less tied to position than pure earliness, not that it finds the influential steps.",
-             f"- The measurement is not what failed: forced changes move the answer at {im['cone'] or 0:.2f} of the "
-             f"cone steps and {im['distractor'] or 0:.2f} of the distractors, so the influence being ranked is sharp "
-             "and known; FCI does not follow it."]
-    heads, best = _heads(probe)
-    if best is not None:
-        lines.append(f"- No head's attention follows the dependency either (best {best} {heads[best]:+.3f} with "
-                     "cone membership), and making distractors dead ends did not change the picture (second look). Plausibly, a "
-                     "step's look-ups are a few of its line's ~15 tokens; FCI's step-to-step attention averages over "
-                     "every token of both steps and takes the max over heads, so what it measures here is attention "
-                     "that does not follow the data flow.")
-    lines.append("- So the RL units below are a control in which FCI has no signal to branch on (every record says "
-                 "`fci_room: false`): ATB is expected to act as earliest-step branching with noise, and any AttnRL "
-                 "effect against GRPO is the non-FCI parts'. FCI's own claim needs a model whose attention carries "
-                 "step dependencies; the task alone could not give a 2-layer model's FCI room in three variants.")
-    return lines
-
-
 def reading_lines(gate: dict | None, stats: dict, done: int, planned: int, probe: dict | None = None) -> list[str]:
     """The reading, mechanical where it can be: every sentence below follows from a number above."""
     lines = ["Reading (each verdict is read off its interval; nothing here is a claim the table does not carry):"]
@@ -451,12 +311,14 @@ def reading_lines(gate: dict | None, stats: dict, done: int, planned: int, probe
 
 
 def report(records: list[dict], out_dir: Path) -> str:
-    from benchmarks.study import attnrl as study
+    from benchmarks.studies.attnrl import plan as study
     units = {r["unit"]: r for r in records}
     sft, gate, decider = units.get("sft"), units.get("gate"), units.get(study.DECIDING_GATE)
     planned = sum(u.role == "report" for u in study.units())
     tokens = study.TOKENS
-    parts = [TITLE, "",
+    by, matched = reported(records)
+    info_stats = main_tables(by, matched)[1]["stats"] if by else {}
+    parts = [TITLE, "", *power_lines(by, matched, info_stats),
              f"Command (repo root): `{COMMAND}`. Records: `benchmarks/studies/attnrl/records/*.json` (one per unit; this "
              "section is made from them alone).", "",
              f"Setup: cone task `{study.TASK}` (only the answer's dependency cone changes it; distractor steps, early "
@@ -475,8 +337,7 @@ def report(records: list[dict], out_dir: Path) -> str:
     if probe:
         parts += probe + [""]
     parts += deciding_gate_lines(decider, study.DECIDING_GATE) + [""]
-    from benchmarks.attnrl_units_report import summary_line
-    parts += [summary_line(out_dir.parent / "attnrl_units"), ""]  # issue 38's second model for the gate
+    parts += [ARCHIVED_SECOND_GATE, ""]
     tl = tuning_lines(records)
     if tl:
         parts += tl + [""]
@@ -512,10 +373,10 @@ def study_claims(results_dir: Path | None = None) -> list[dict]:
     instead of a verdict, and after a failed FCI gate every row says the seeds ran as the mechanism-absent control."""
     from benchmarks.study.records import RESULTS, load_records
     from benchmarks.study.stats import paired
-    records = load_records(results_dir or RESULTS / "attnrl")
+    records = load_records(results_dir or RESULTS / "attnrl" / "records")
     units = {r["unit"]: r for r in records}
     where = f"study: benchmarks/RESULTS.md, \"{TITLE.removeprefix('## ').split(' (')[0]}\""
-    from benchmarks.study.attnrl import DECIDING_GATE
+    from benchmarks.studies.attnrl.plan import DECIDING_GATE
     gate = units.get(DECIDING_GATE) or units.get("gate")
     rows = [("grpo", "study, seeds 10-14: more accurate than GRPO at equal generated tokens"),
             ("entropy_tree", "study, seeds 10-14: more accurate than entropy branching (TreeRL) at equal tokens")]

@@ -12,17 +12,15 @@ and 11; evaluations at 2k, 4k, 8k and 16k queries (:data:`benchmarks.study.vidd_
 Cost (~0.16 core-h declared): measured on tiny units (pretrain 20 steps, 2048 queries, these sizes otherwise, shared
 2-core machine, 2026-12-05): vidd_official 4.9 core-s (18 iterations, 3 refreshes, 4 evaluations), DDPO 16.7 core-s;
 scaled to 16k that is ~40 and ~130 core-s, declared as 70 and 180 (pessimistic); pretrain 84 core-s (vidd_molecule's
-stage). At 16k vidd_official gets ~140 iterations and ~28 teacher refreshes (~120 queries per iteration).
-"""
+stage). At 16k vidd_official gets ~140 iterations and ~28 teacher refreshes (~120 queries per iteration)."""
 from __future__ import annotations
 
 from pathlib import Path
 
-import numpy as np
-
+from benchmarks.studies.vidd_budget.plan import PRIMARY
 from benchmarks.study.core import Study, Unit
-from benchmarks.study.vidd_budget import FRACTIONS, PRIMARY
 from benchmarks.study.vidd_common import BUNDLE, TaskSpec
+
 
 STUDY_NAME = "vidd_budget_molecule"
 SEEDS = (10, 11)
@@ -44,7 +42,7 @@ def build_units() -> list[Unit]:
                  est_core_s=COST_S["pretrain"])]
     for seed in SEEDS:
         for method, (lr, alpha) in FIXED.items():
-            plan.append(Unit(f"{method}-s{seed}", "report", method, seed, "benchmarks.study.vidd_budget:budget_unit",
+            plan.append(Unit(f"{method}-s{seed}", "report", method, seed, "benchmarks.studies.vidd_budget.units:budget_unit",
                              setting={"method": method, "lr": lr, "alpha": alpha}, after=("pretrain",),
                              est_core_s=COST_S[method]))
     return plan
@@ -52,32 +50,4 @@ def build_units() -> list[Unit]:
 
 STUDY = Study(name=STUDY_NAME, title=SPEC.title, units=build_units,
               start_files=lambda artifacts: [Path(artifacts) / BUNDLE],
-              report=f"benchmarks.study.{STUDY_NAME}:report")
-
-
-def report(records: list[dict], out_dir: Path) -> str:
-    """Median QED and NLL per method at each evaluation point, per seed (two seeds: no intervals)."""
-    by_unit = {r["unit"]: r for r in records}
-    reported = [u for u in build_units() if u.role == "report"]
-    n_done = sum(u.name in by_unit for u in reported)
-    points = [int(f * SIZES["budget"]) for f in FRACTIONS]
-    pre = by_unit.get("pretrain", {}).get("metrics", {}).get("pretrained")
-    lines = [f"## VIDD fix on molecules: {PRIMARY} and DDPO at 16k queries (`benchmarks/study/{STUDY_NAME}.py`)", "",
-             f"**Status: {n_done}/{len(reported)} units recorded.** Fixed settings (no tuning): "
-             + ", ".join(f"{m} lr {lr:g}" + ("" if a is None else f" alpha {a:g}") for m, (lr, a) in FIXED.items())
-             + ". Predictions (declared before any seed): " + " ".join(PREDICTIONS), "",
-             (f"Pretrained model: median QED {pre['reward_median']:.3f}, NLL {pre['nll']:.1f}." if pre else ""), ""]
-    lines += ["| method | seed | " + " | ".join(f"QED @{q}" for q in points) + f" | NLL @{points[-1]} |",
-              "|" + "---|" * (len(points) + 3)]
-    for method in FIXED:
-        for seed in SEEDS:
-            rec = by_unit.get(f"{method}-s{seed}")
-            if rec is None:
-                continue
-            vals = [f"{v:.3f}" for v in rec["curves"]["reward_median"]]
-            lines.append(f"| {method} | {seed} | " + " | ".join(vals) + f" | {rec['metrics']['nll']:.1f} |")
-    if n_done == len(reported):
-        gap = [np.mean([by_unit[f"ddpo-s{s}"]["curves"]["reward_median"][-1]
-                        - by_unit[f"{PRIMARY}-s{s}"]["curves"]["reward_median"][-1] for s in SEEDS])]
-        lines += ["", f"DDPO - {PRIMARY} in median QED at {points[-1]}: {gap[0]:+.3f} (mean of {len(SEEDS)} seeds)."]
-    return "\n".join(lines).rstrip() + "\n"
+              report=f"benchmarks.studies.{STUDY_NAME}.report:report")
