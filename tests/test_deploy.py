@@ -101,6 +101,25 @@ def test_ray_up_yaml_is_valid_for_ray():
     assert {".venv", ".git", "runs"} <= set(cfg["rsync_exclude"])
 
 
+def test_ray_up_syncs_no_environment_or_wheel_folder():
+    """``ray up`` rsyncs the checkout to every node: the other Pythons' venvs (.venv312, .venv313) and wheel folders
+    (.whl, .gl) are GBs that each node builds for itself."""
+    from fnmatch import fnmatch
+    cfg = _ray_up()
+    for folder in (".venv", ".venv312", ".venv313", ".whl", ".gl"):
+        assert any(fnmatch(folder, pattern) for pattern in cfg["rsync_exclude"]), folder
+    assert ".gitignore" in cfg["rsync_filter"]
+
+
+def test_the_readme_installs_boto3_before_ray_up():
+    """``ray up``'s AWS provider imports boto3 on the laptop too, and orrery's venv has none: the README's
+    launcher block installs it into that venv before ``ray up``."""
+    import re
+    block = (ROOT / "README.md").read_text().split(".venv/bin/ray up -y cluster/deploy/ray-cluster.yaml")[0]
+    block = block[block.rindex("```bash"):]
+    assert re.search(r"\.venv/bin/python -m pip install [^\n]*boto3", block), block
+
+
 def test_kuberay_manifest_matches_the_raycluster_schema():
     manifest = _kuberay()
     jsonschema.validate(manifest, RAYCLUSTER_SCHEMA)
