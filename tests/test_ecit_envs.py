@@ -113,6 +113,8 @@ def test_oriented_scores_count_only_directed_edges_in_the_reference_direction():
     est[0, 2] = est[2, 0] = -1          # undirected: counts nowhere
     s = oriented_scores(ref, est)
     assert (s["right"], s["directed"], s["precision"], s["recall"]) == (1, 2, 0.5, 0.5)
+    none = oriented_scores(ref, np.where(est != 0, -1, 0))   # every edge undirected: no direction to judge
+    assert np.isnan(none["precision"]) and none["recall"] == 0.0 and none["directed"] == 0
 
 
 def test_determinism_dial_runs_from_x_free_of_z_to_x_set_by_z_and_keeps_the_dependence():

@@ -46,13 +46,14 @@ def skeleton_scores(truth: np.ndarray, est: np.ndarray) -> dict[str, float]:
 def oriented_scores(reference: np.ndarray, est: np.ndarray) -> dict[str, float]:
     """Oriented-edge precision and recall of the endpoint matrix ``est`` against the directed graph ``reference``
     (``reference[i, j]``: edge i -> j; a cycle is fine): an estimated i -> j is right when the reference has i -> j.
-    Undirected estimated edges are neither right nor wrong (they count in no denominator but the reference's)."""
+    Undirected estimated edges are neither right nor wrong (they count in no denominator but the reference's); with
+    no directed edge at all the precision (and F1) is undefined: NaN, not a perfect score."""
     if reference.shape != est.shape:
         raise ValueError(f"oriented_scores: graphs of different sizes {reference.shape} and {est.shape}")
     directed = (est.T == 1) & (est == -1)          # est[j, i] = 1 and est[i, j] = -1: i -> j
     right = int(np.sum(directed & reference.astype(bool)))
     n_est, n_ref = int(directed.sum()), int(reference.astype(bool).sum())
-    precision = right / n_est if n_est else 1.0
+    precision = right / n_est if n_est else float("nan")
     recall = right / n_ref if n_ref else 1.0
-    f1 = 2 * precision * recall / (precision + recall) if precision + recall else 0.0
+    f1 = 2 * precision * recall / (precision + recall) if n_est and precision + recall else float("nan")
     return {"precision": precision, "recall": recall, "f1": f1, "right": right, "directed": n_est}

@@ -2,8 +2,8 @@
 study's null datasets at n = 4000, 16000, 64000) and its Sachs PC graphs. Read from its records, never rerun; reused
 only where its settings are this study's (checked by :func:`reuse_settings`).
 
-ecit_beyond's code still lives in ``benchmarks/study/ecit_beyond.py`` while the studies move into
-``benchmarks/studies/<study>/``; only its records are read here (and its data helpers through ``benchmarks.study.ecit``).
+Only ecit_beyond's records are read here, not its code (which moved from ``benchmarks/study/ecit_beyond.py`` into
+``benchmarks/studies/ecit_beyond/`` during this session); the data helpers both use are ``benchmarks.study.ecit_data``.
 """
 from __future__ import annotations
 

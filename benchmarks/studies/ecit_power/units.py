@@ -1,7 +1,7 @@
 """The ecit_power units (plan: :mod:`benchmarks.studies.ecit_power.plan`). Each is pure numpy on one core.
 
-Datasets and subsets come from the E-CIT study's helpers (``benchmarks/study/ecit.py``: ``_triplet``, ``_seed``; that
-module is being moved into ``benchmarks/studies/ecit/`` and is imported from its old place for now), so a dataset
+Datasets and subsets come from the E-CIT studies' shared helpers (``benchmarks/study/ecit_data.py``: ``_triplet``,
+``_seed``; ``benchmarks/study/ecit.py`` before the studies moved into ``benchmarks/studies/<study>/``), so a dataset
 here with ecit_beyond's seed is ecit_beyond's dataset, cut into the same subsets.
 """
 from __future__ import annotations
@@ -14,10 +14,10 @@ import numpy as np
 
 from benchmarks.study.core import StudyError, UnitContext
 
-try:   # the E-CIT study's data helpers, while its module moves (benchmarks/study/ecit.py -> a shared ecit_data)
-    from benchmarks.study.ecit import DATA, _seed, _triplet
-except ImportError:  # pragma: no cover - after the move
+try:   # the E-CIT studies' shared data helpers (moved out of benchmarks/study/ecit.py during this session)
     from benchmarks.study.ecit_data import DATA, _seed, _triplet
+except ImportError:  # pragma: no cover - a checkout from before the move
+    from benchmarks.study.ecit import DATA, _seed, _triplet
 from benchmarks.studies.ecit_power.beyond import reuse_settings
 from benchmarks.studies.ecit_power.plan import (BEYOND_NULLS, COMBINER, DESIGN, DIAL_K, DIAL_REPS, DIAL_RHOS,
                                                 DIAL_SUBTESTS, EQUAL_CPU_K, EQUAL_CPU_N, EQUAL_CPU_NULLS, KS, LEVEL,
