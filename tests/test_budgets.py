@@ -1,0 +1,45 @@
+"""Budgets are caps: a unit of work that would cross its budget does not start, so a run ends at or below it."""
+from __future__ import annotations
+
+from typing import Any
+
+from cluster.metrics import read_metrics
+
+
+class CountingPool:
+    """The in-process pool ``run_one_rank`` makes, counting the env steps it is asked for (rounds in flight included)."""
+
+    def __init__(self) -> None:
+        from cluster.local_pool import LocalPool
+        from experiments.registry import sampler_factories
+        self.pool = LocalPool(sampler_factories())
+        self.env_steps = 0
+
+    def map(self, sampler: str, requests: list[dict], **kwargs: Any) -> list:
+        if sampler == "env":
+            # training rounds ask for "steps"; evaluation requests ask for episodes
+            self.env_steps += sum(r.get("steps", 0) for r in requests) * kwargs["config"]["num_envs"]
+        return self.pool.map(sampler, requests, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.pool, name)
+
+
+def test_lift_pretraining_never_steps_past_its_env_step_budget(tmp_path):
+    """Rounds of 32 env steps under a budget of 300: nine rounds (288), not a tenth that would end at 320, and no
+    round sent to the pool beyond them (the overlapped round in flight included)."""
+    from experiments.lift.pretrain_learner import run_one_rank
+    exp = {"sac_preset": "pendulum", "sac": {"num_envs": 4, "batch_size": 32, "min_replay_size": 64, "bf16": False},
+           "total_env_steps": 300, "steps_per_round": 8, "eval_every_steps": 160, "eval_episodes": 1,
+           "checkpoint_every_updates": 100_000, "parquet_chunk": 64}
+    run = tmp_path / "run"
+    config = {"experiment": exp, "pool": {}, "run_path": str(run), "run_id": "budget", "task": "pendulum",
+              "seed": 0, "torch_threads": 1, "change": None}
+    pool = CountingPool()
+    try:
+        assert run_one_rank(config, pool=pool) is True
+    finally:
+        pool.close()
+    df = read_metrics(run)
+    assert int(df["env_steps"].max()) == 288 and pool.env_steps == 288
+    assert "eval_return" in df and df["eval_return"].notna().iloc[-1]  # the last round still evaluates
