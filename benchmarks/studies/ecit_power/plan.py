@@ -63,7 +63,7 @@ KS = (10, 40, 160)                       # n = 400 K
 SUBTESTS = ("kci_lp", "kci", "fisherz")
 WIDTHS = ("empirical", "median")         # causal-learn's default; the released code's
 TUNE_SEEDS = (100, 101, 102, 103)
-TUNE_DATASETS = 2                        # 8 draws over the 4 seeds: 16 x 8 / 4 x 8 / 8 trials per effect at K = 10 / 40 / 160
+TUNE_DATASETS = 2                        # 8 draws in all: 128 / 32 / 8 trials per effect at K = 10 / 40 / 160
 TUNE_N = 64000                           # 160 subsets; K = 10 and 40 use disjoint groups of them
 # ratio 1.5; the 0.5-power effect should fall near 0.36 / 0.26 / 0.18 at K = 10 / 40 / 160 (z shift ~ effect^2 sqrt K)
 TUNE_EFFECTS = (0.14, 0.21, 0.32, 0.48)
