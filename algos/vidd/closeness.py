@@ -12,7 +12,8 @@ unbiased given trajectories drawn from ``p_theta``:
 
 - ``"unmasked"``: the categorical KLs summed over the positions that the trajectory itself unmasked at that step (the
   unmasking draw is independent of the token draw, so this averages to the ``q_t``-weighted sum);
-- ``"rao_blackwell"``: the ``q_t``-weighted sum over every masked position (lower variance; the same expectation).
+- ``"rao_blackwell"``: the ``q_t``-weighted sum over every masked position (the same expectation; not always the
+  lower variance: the ``"unmasked"`` estimator counts each position exactly once along a trajectory).
 
 The trajectory KL bounds the KL between the two models' final samples (data processing), so it is the closeness a
 reward-vs-KL frontier should use; the pretrained model's likelihood of the samples (the NELBO the official code logs)

@@ -1,0 +1,217 @@
+"""The vidd_plateau study (benchmarks/studies/vidd_plateau/; issue 46): the trajectory-KL estimator against its exact
+value on a tiny model, the declared rules (cap, plateau, matched values, tuning choice, edge extension) on synthetic
+curves, the plan's order and dynamic extension, tiny runs of every unit kind, and the report on their records."""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import shutil
+
+import numpy as np
+import pytest
+import torch
+
+from algos.vidd.closeness import best_of_n_kl_bound, exact_trajectory_kl, trajectory_kl
+from algos.vidd.mdlm import DenoiserConfig, MaskedDenoiser
+from algos.vidd.sampling import sample
+from benchmarks.study import STUDIES
+from benchmarks.study.core import REPORTED_SEEDS
+from benchmarks.study.runner import run_unit_inline
+from benchmarks.studies.vidd_plateau import plan, rules
+from benchmarks.studies.vidd_plateau.report import report
+
+torch.set_num_threads(1)
+
+
+def _tiny_denoiser(seed: int, scale: float, vocab: int = 2, length: int = 3) -> MaskedDenoiser:
+    torch.manual_seed(seed)
+    model = MaskedDenoiser(DenoiserConfig(vocab_size=vocab, seq_len=length, d_model=8, n_layers=1, n_heads=2,
+                                          bf16=False))
+    with torch.no_grad():  # sharpen the random head so the two models' conditionals differ by O(1) nats
+        model.head.weight.mul_(scale)
+        model.head.bias.normal_(0.0, scale / 4)
+    return model.eval()
+
+
+# ------------------------------------------------------------------------------------------------ closeness
+
+def test_trajectory_kl_matches_the_exact_chain_kl():
+    model, reference, T = _tiny_denoiser(0, 6.0), _tiny_denoiser(1, 6.0), 3
+    exact = exact_trajectory_kl(model, reference, length=3, T=T)
+    assert exact > 0.05  # a test that could not fail on identical models
+    assert exact_trajectory_kl(model, model, length=3, T=T) == pytest.approx(0.0, abs=1e-9)
+    states = sample(model, 6000, 3, T, torch.Generator().manual_seed(0), record_trajectory=True).states
+    kl = trajectory_kl(model, reference, states)
+    for name, values in kl.items():
+        se = float(values.std()) / math.sqrt(len(values))
+        assert abs(float(values.mean()) - exact) < 4 * se + 1e-3, (name, float(values.mean()), exact, se)
+    assert float(trajectory_kl(model, model, states)["unmasked"].abs().max()) < 1e-6
+
+
+def test_best_of_n_bound():
+    assert best_of_n_kl_bound(1) == 0.0
+    assert best_of_n_kl_bound(2) == pytest.approx(math.log(2) - 0.5)
+    assert best_of_n_kl_bound(128) < math.log(128)
+    with pytest.raises(ValueError):
+        best_of_n_kl_bound(0)
+
+
+# ------------------------------------------------------------------------------------------------ rules
+
+def test_cap_rule_on_synthetic_pilot_curves():
+    grid = list(np.linspace(0, 1000, 21))
+    saturating = [(grid, [1 - math.exp(-c / 200) for c in grid])] * 2  # 90 % of the rise at ~449 CPU-s
+    out = rules.cap_from_pilot(saturating, 1000, bounds=(300, 600))
+    assert out["reached_s"] == 450 and out["cap_s"] == 500 and not out["clamped"]  # rounded up to 100
+    fast = [(grid, [min(1.0, c / 100) for c in grid])] * 2
+    assert rules.cap_from_pilot(fast, 1000, bounds=(300, 600))["cap_s"] == 300  # clamped from below
+    rising = [(grid, [c / 1000 for c in grid])]
+    out = rules.cap_from_pilot(rising, 1000, bounds=(300, 500))
+    assert out["cap_s"] == 500 and out["clamped"] and not out["flattened"]
+    # the mean over seeds decides, not one seed
+    two = rules.cap_from_pilot([(grid, [0.0] * 21), (grid, [1 - math.exp(-c / 200) for c in grid])], 1000,
+                               bounds=(0, 2000))
+    assert two["max"] == pytest.approx(0.5 * (1 - math.exp(-5)))
+
+
+def test_plateau_rule_and_largest_drop():
+    cpu = list(np.linspace(0, 400, 17))
+    flat = [0.1 + 0.1 * min(1, c / 100) + (0.001 if i % 2 else 0) for i, c in enumerate(cpu)]
+    assert rules.plateau_reached(cpu, flat, cap_s=500)
+    rising = [c / 1000 for c in cpu]
+    assert not rules.plateau_reached(cpu, rising, cap_s=500)
+    assert not rules.plateau_reached(cpu[:5], flat[:5], cap_s=500)  # before half the cap
+    assert rules.largest_drop([0.1, 0.3, 0.2, 0.25, 0.05, 0.4]) == pytest.approx(0.25)
+    assert rules.largest_drop([0.1, 0.2, 0.3]) == 0.0
+
+
+def test_matched_value_is_the_first_crossing_and_none_outside_the_range():
+    kl, reward = [0.0, 1.0, 3.0, 2.0, 4.0], [0.0, 0.1, 0.3, 0.2, 0.4]
+    assert rules.value_at(kl, reward, 2.0) == pytest.approx(0.2)
+    assert rules.value_at(kl, reward, 0.5) == pytest.approx(0.05)
+    assert rules.value_at(kl, reward, 5.0) is None
+
+
+def test_tuning_choice_prefers_cells_that_reach_the_declared_kl():
+    reach = [([0, 1, 2], [0.0, 0.1, 0.2])]
+    short = [([0, 0.5], [0.0, 0.9])]  # high reward but never reaches kappa = 1
+    scores = {(1e-3, 0.1): rules.cell_score(reach, 1.0), (1e-4, 0.1): rules.cell_score(short, 1.0)}
+    assert scores[(1e-4, 0.1)]["reaches"] is False
+    assert rules.choose_cell(scores) == ((1e-3, 0.1), True)
+    assert rules.choose_cell({(1e-4, 0.1): scores[(1e-4, 0.1)]}) == ((1e-4, 0.1), False)
+
+
+def test_edge_extension_rule_and_the_dynamic_plan(tmp_path):
+    lrs, knobs = plan.base_grid("vidd_official")
+    assert rules.edge_sides((lrs[-1], knobs[0]), lrs, knobs) == [("lr", "high"), ("knob", "low")]
+    assert rules.edge_sides((lrs[1], knobs[1]), lrs, knobs) == []
+    cells = rules.extension_cells(lrs, knobs, (1e-4, 1e-2), (0.003, 0.3), [("lr", "high"), ("knob", "low")])
+    assert len(cells) == 7 and (1e-2, 0.003) in cells and (lrs[0], knobs[0]) not in cells
+    records = tmp_path / "records"
+    base = plan.build_units(records)
+    assert not any(u.name.startswith("tune-") and "lr0.01-" in u.name for u in base)
+    records.mkdir()
+    (records / "tuning.json").write_text(json.dumps({"unit": "tuning", "metrics": {"extend_sides": [["lr", "high"]]}}))
+    units = plan.build_units(records)
+    ext = [u for u in units if u.role == "tune" and u.after == ("tuning",)]
+    assert len(ext) == len(plan.TUNED) * 3 * len(plan.TUNE_SEEDS)  # every grid, one step on that side
+    order = [u.name for u in units]
+    for u in units:
+        if u.role == "report":
+            assert {e.name for e in ext} <= set(u.after) and order.index(u.name) > order.index(ext[-1].name)
+
+
+def test_plan_order_registry_and_declarations():
+    assert STUDIES["vidd_plateau"] == "benchmarks.studies.vidd_plateau:STUDY"
+    units = plan.STUDY.plan()
+    order = [u.name for u in units]
+    assert order[:3] == ["pilot-s100", "pilot-s101", "cap"] and order.index("tuning") < min(
+        order.index(u.name) for u in units if u.role == "report")
+    for method in plan.REPORTED + ("best_of_n",):
+        assert all(f"{method}-s{s}" in order for s in REPORTED_SEEDS)
+    assert {p["claim"] for p in plan.PREDICTIONS} >= {"better stability", "better sample efficiency",
+                                                      "superior reward optimisation", "less mode collapse"}
+    assert all(p["margin"] for p in plan.PREDICTIONS if p["expect"] == "equivalent")
+    assert all(len(plan.base_grid(m)[0]) == 3 == len(plan.base_grid(m)[1]) for m in plan.TUNED)
+    total_h = sum(u.est_core_s for u in units) / 3600
+    assert total_h <= 9.5, total_h
+
+
+# ------------------------------------------------------------------------------------------------ tiny units
+
+TINY = dict(seq_len=24, n_train=40, n_heldout=16, d_model=16, n_layers=1, n_heads=2, T=4, batch_size=4, ddpo_steps=2,
+            eval_samples=8, bon_outputs=4, bon_max=4, pilot_s=1.5, cap_round_s=1.0, cap_bounds_s=[1.0, 2.0])
+
+
+def _tiny_bundle() -> dict:
+    from envs.bio.dna import DNA_VOCAB
+    cfg = DenoiserConfig(vocab_size=4, seq_len=TINY["seq_len"], d_model=16, n_layers=1, n_heads=2, bf16=False)
+    torch.manual_seed(0)
+    model = MaskedDenoiser(cfg)
+    return {"task": "dna", "denoiser": dataclasses.asdict(cfg),
+            "vocab": {"symbols": list(DNA_VOCAB.symbols), "pad": DNA_VOCAB.pad},
+            "state_dict": model.state_dict(), "data": {"n_train": 40, "n_heldout": 16, "seed": 0, "T": TINY["T"]}}
+
+
+def _fake_tune_records(study, records, template: dict) -> None:
+    """Every tuning unit not yet run, as a copy of one real tiny record with its reward shifted by the cell."""
+    rng = np.random.default_rng(0)
+    for u in study.plan():
+        if u.role == "tune" and u.name.startswith("tune-") and not (records / f"{u.name}.json").exists():
+            shift = float(rng.uniform(0, 0.05))
+            curves = dict(template["curves"], reward_median=[v + shift for v in template["curves"]["reward_median"]])
+            (records / f"{u.name}.json").write_text(json.dumps(
+                {**template, "unit": u.name, "method": u.method, "seed": u.seed, "setting": u.setting,
+                 "curves": curves}))
+
+
+def test_every_unit_kind_at_tiny_size_and_the_report(tmp_path):
+    records = tmp_path / "vidd_plateau" / "records"
+    (records / "artifacts" / "pretrain").mkdir(parents=True)
+    torch.save(_tiny_bundle(), records / "artifacts" / "pretrain" / "denoiser.pt")
+    study = plan.make_study(records)
+    run = lambda name: run_unit_inline(study, name, results_root=tmp_path, overrides=TINY)  # noqa: E731
+    for seed in plan.TUNE_SEEDS:
+        pilot = run(f"pilot-s{seed}")
+        c = pilot["curves"]
+        assert c["kind"][0] == "start" and c["kl"][0] == pytest.approx(0.0, abs=1e-9)
+        assert c["train_cpu_s"][-1] >= TINY["pilot_s"] and pilot["metrics"]["stopped"] == "cap"
+        assert all(np.diff(c[k]).min() >= 0 for k in ("queries", "trajectories", "adam_steps", "train_cpu_s"))
+        assert c["kind"].count("cpu") >= 2 and len(set(c["kl"])) > 1  # points on the CPU grid, the model moved
+    cap = run("cap")["metrics"]
+    assert TINY["cap_bounds_s"][0] <= cap["cap_s"] <= TINY["cap_bounds_s"][1] and cap["kappa"] > 0
+    tune = run("tune-ddpo-lr0.001-k0.1-s100")
+    assert tune["metrics"]["train_cpu_s"] >= cap["cap_s"] / 4 and tune["config"]["ddpo_inner_steps"] == 2
+    _fake_tune_records(study, records, tune)
+    gate = run("tuning")["metrics"]
+    assert set(gate["choices"]) == set(plan.TUNED)
+    _fake_tune_records(study, records, tune)  # the extension's cells, if the gate found edges
+    rep = run("ddpo-s10")
+    assert rep["metrics"]["stopped"] in ("plateau", "cap") and rep["tuning"]["from"] == "ddpo"
+    from benchmarks.studies.vidd_plateau.units import tuning_choice
+    by_unit = {p.stem: json.loads(p.read_text()) for p in records.glob("*.json")}
+    for control in plan.USES_PRIMARY_CHOICE:  # Algorithm 1 and the no-refresh control take the primary's cell
+        assert tuning_choice(control, by_unit) == tuning_choice(plan.PRIMARY, by_unit)
+    bon = run("best_of_n-s10")
+    assert [p["N"] for p in bon["points"]] == [1, 2, 4] and bon["points"][0]["kl"] == 0.0
+    section = report([json.loads(p.read_text()) for p in sorted(records.glob("*.json"))], records.parent)
+    assert section.startswith("## ") and "**Partial**" in section and "cap" in section
+    assert "ddpo" in section and "best-of-4" in section and "Not read" in section
+    assert (records.parent / "reward_kl.png").exists()
+
+
+@pytest.mark.slow
+def test_molecule_unit_uses_the_declared_denoiser(tmp_path):
+    records = tmp_path / "vidd_plateau" / "records"
+    shutil.copytree(plan.RECORDS / "artifacts", records / "artifacts")
+    study = plan.make_study(records)
+    small = dict(eval_samples=8, pilot_s=2.0, cap_round_s=1.0, cap_bounds_s=[2.0, 2.0])
+    for name in ("pilot-s100", "pilot-s101", "cap"):
+        run_unit_inline(study, name, results_root=tmp_path, overrides=small)
+    tune = run_unit_inline(study, "tune-ddpo-lr0.001-k0.1-s100", results_root=tmp_path, overrides=small)
+    _fake_tune_records(study, records, tune)
+    run_unit_inline(study, "tuning", results_root=tmp_path, overrides=small)
+    _fake_tune_records(study, records, tune)
+    out = run_unit_inline(study, "molecule-ddpo-s10", results_root=tmp_path, overrides=small)
+    assert out["task"] == "molecule" and out["metrics"]["validity"] > 0 and out["metrics"]["kl"] >= 0
