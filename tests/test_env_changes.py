@@ -195,7 +195,7 @@ def test_change_specs_parse_in_all_forms_and_reject_unknown_names():
     assert parse_changes("friction", scale=0.3)[0].params == {"scale": 0.3}
     assert parse_changes({"name": "gear", "scale": 0.75})[0].params == {"scale": 0.75}
     assert [c.name for c in parse_changes({"mass": {"scale": 1.2}, "gravity": {"g": 11.0}})] == ["mass", "gravity"]
-    assert set(CHANGES) == {"target_velocity", "friction", "mass", "gear", "gravity"}
+    assert set(CHANGES) == {"target_velocity", "friction", "mass", "gear", "gravity", "randomize"}
     with pytest.raises(ValueError, match="unknown change"):
         parse_changes({"wind": {}})
     with pytest.raises(ValueError, match="exactly one"):
@@ -256,3 +256,35 @@ def test_tracking_reward_is_peaked_at_the_command():
                           command=torch.tensor(1.0, dtype=torch.float64))
     assert reward[1] > reward[0] and reward[1] > reward[2]
     assert reward[1].item() == pytest.approx(reward_fn.forward_weight + reward_fn.healthy_reward)
+
+
+def test_domain_randomization_redraws_within_lifts_ranges_from_the_nominal_model():
+    """Every reset draws friction and masses afresh, within the ratios of the nominal model (never compounding), from
+    the seeded stream; the registered LIFT-kind task observes its command."""
+    from envs.control.domain_randomization import (LIFT_FRICTION_SCALE, LIFT_LINK_MASS_SCALE, LIFT_TORSO_MASS_ADD,
+                                                   REGISTERED_ID, lift_randomization)
+    nominal = gym.make("Walker2d-v5").unwrapped.model
+    env = make_changed_env("Walker2d-v5", {"randomize": lift_randomization()})
+    model = env.unwrapped.model
+    torso = mujoco.mj_name2id(model, mujoco.mjtObj.mjOBJ_BODY, "torso")
+    frictions = []
+    for episode in range(30):
+        _, info = env.reset(seed=7 if episode == 0 else None)
+        scale = model.geom_friction[:, 0] / nominal.geom_friction[:, 0]
+        assert np.allclose(scale, scale[0]) and LIFT_FRICTION_SCALE[0] <= scale[0] <= LIFT_FRICTION_SCALE[1]
+        ratio = np.delete(model.body_mass[1:] / nominal.body_mass[1:], torso - 1)
+        assert ((LIFT_LINK_MASS_SCALE[0] <= ratio) & (ratio <= LIFT_LINK_MASS_SCALE[1])).all()
+        torso_ratio = model.body_mass[torso] / nominal.body_mass[torso]
+        assert LIFT_LINK_MASS_SCALE[0] + LIFT_TORSO_MASS_ADD[0] <= torso_ratio <= (
+            LIFT_LINK_MASS_SCALE[1] + LIFT_TORSO_MASS_ADD[1])
+        assert info["randomization"]["friction_scale"] == pytest.approx(scale[0])
+        frictions.append(scale[0])
+    assert np.ptp(frictions) > 0.3  # redrawn, spread over the range
+    again = make_changed_env("Walker2d-v5", {"randomize": lift_randomization()})
+    _, info = again.reset(seed=7)
+    assert info["randomization"]["friction_scale"] == pytest.approx(frictions[0])  # the seed decides the draw
+    with pytest.raises(ValueError, match="friction_scale"):
+        make_changed_env("Walker2d-v5", {"randomize": {"friction_scale": [1.0, 0.5]}})
+    lift_kind = gym.make(REGISTERED_ID)
+    obs, info = lift_kind.reset(seed=1)
+    assert obs.shape == (18,) and 0.0 <= info["command"] <= 1.5 and "randomization" in info

@@ -78,3 +78,28 @@ def test_pendulum_learns_and_a_killed_run_resumes(tmp_path):
     assert summary["best_eval_return"] >= -400 and summary["env_steps"] <= 16_000, summary
     assert (run / "plots" / "learning_curve.png").stat().st_size > 10_000
     assert (run / "policy.pt").exists()
+
+
+def test_one_rank_pauses_at_a_deadline_and_resumes_the_learner_users_run(tmp_path):
+    """``run_one_rank`` (a study's pretraining stage) runs the same learner as the cluster job: paused by its stop
+    predicate after five rounds, it checkpoints; the next call resumes there and finishes with every transition in
+    the Parquet replay exactly once and the files stage 2-3 read."""
+    import torch
+
+    from experiments.lift.pretrain_learner import run_one_rank
+    exp = {"sac_preset": "pendulum", "sac": {"num_envs": 4, "batch_size": 32, "min_replay_size": 64, "bf16": False},
+           "total_env_steps": 320, "steps_per_round": 8, "eval_every_steps": 160, "eval_episodes": 1,
+           "checkpoint_every_updates": 100_000, "parquet_chunk": 64}
+    run = tmp_path / "run"
+    config = {"experiment": exp, "pool": {}, "run_path": str(run), "run_id": "one-rank", "task": "pendulum",
+              "seed": 0, "torch_threads": 1, "change": None}
+    asked = iter(range(1000))
+    assert run_one_rank(config, should_stop=lambda: next(asked) >= 5) is False
+    saved = torch.load(run / "checkpoints" / "latest" / "rank0.pt", weights_only=True)
+    assert saved["counters"]["env_steps"] == 5 * 32 and not (run / "agent.pt").exists()
+    assert run_one_rank(config) is True
+    df = read_metrics(run)
+    assert int(df["env_steps"].iloc[-1]) == 320 and int(df["resumed_from"].max()) == 160
+    assert not df["step"].duplicated().any()
+    assert _replay_rows(run) == 320, "Parquet replay holds every transition exactly once"
+    assert (run / "agent.pt").exists() and (run / "policy.pt").exists()
