@@ -38,6 +38,14 @@ def test_drivers_claiming_at_once_get_distinct_runs(tmp_path):
     assert all(r.run_id.startswith(f"vidd_molecule/{r.name}/") for r in made)
 
 
+def test_two_sweeps_of_one_second_get_two_folders(tmp_path):
+    """A sweep's folder names its Tune experiment: two sweeps started together must not share one."""
+    from experiments.sweep import sweep_dir
+    cfg = {"output_dir": str(tmp_path), "experiment": {"name": "collect"}, "run_name": None, "resume": False}
+    first, second = sweep_dir(cfg), sweep_dir(cfg)
+    assert first != second and first.name.startswith("sweep-") and first.is_dir() and second.is_dir()
+
+
 def test_a_used_run_name_is_refused_in_one_line_unless_resumed(tmp_path, capsys):
     first = RunDir.create(tmp_path, "collect", "x")
     with pytest.raises(RunNameTaken) as err:
