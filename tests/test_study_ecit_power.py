@@ -122,13 +122,20 @@ def _synthetic(root):
         {**base, "unit": "sachs-ekci_lp-s10", "seed": 10, "method": "ekci_lp", "graph": graph.tolist()}))
     recs = [{**base, "study": "ecit_power", "unit": f"tune-s{s}", "role": "tune", "seed": s,
              "metrics": {str(k): {"0.2": [2, 10], "0.4": [8, 10]} for k in KS}} for s in TUNE_SEEDS]
-    for k in (10, 160):
+    for k in KS:
         for e in (0, 1):
             subs = ["kci_lp", "kci", "fisherz"] + (["kci_lp@median", "kci@median"] if k == 160 and e == 0 else [])
             tests = {sub: {"null": [], "alt": [_subsets(rng, k, 0.3 + 0.1 * e) for _ in range(10)], "cpu_s": [0.1]}
                      for sub in subs}
-            recs.append({**base, "study": "ecit_power", "unit": f"power-k{k}-e{e}-s10", "seed": 10, "k": k,
-                         "n": M * k, "effect": 0.2 + 0.1 * e, "setting": {"k": k, "effect_index": e}, "tests": tests})
+            rec = {**base, "study": "ecit_power", "unit": f"power-k{k}-e{e}-s10", "seed": 10, "k": k, "n": M * k,
+                   "effect": 0.2 + 0.1 * e, "setting": {"k": k, "effect_index": e}, "tests": tests,
+                   "metrics": {"kci_lp": {"cpu_s_per_subset": 0.12}}}
+            if k == 40:
+                rec["full_kci"] = {"alt": list(rng.uniform(0, 0.2, 10)), "cpu_s": [5.0], "rows": 1800}
+            recs.append(rec)
+    recs.append({**base, "study": "ecit_power", "unit": "fznull-n16000-s10", "seed": 10, "k": 40, "n": 16000,
+                 "setting": {"n": 16000}, "full_kci": {"null": list(rng.uniform(0, 1, 10)), "cpu_s": [5.0]},
+                 "tests": {"fisherz": {"null": [_subsets(rng, 40) for _ in range(20)], "alt": [], "cpu_s": [0.01]}}})
     tests = {"fisherz": {"null": [_subsets(rng, 160, 0.5) for _ in range(20)], "alt": [], "cpu_s": [0.01]}}
     recs.append({**base, "study": "ecit_power", "unit": "fznull-n64000-s10", "seed": 10, "k": 160, "n": 64000,
                  "setting": {"n": 64000}, "tests": tests})
@@ -149,8 +156,8 @@ def test_report_renders_partial_records_and_both_sachs_references(tmp_path):
     assert "| 10 (4000), e = 0.2 / 0.3 | kci_lp (local-permutation null) |" in text and "(N=100)" in text
     assert "(gamma null: size-adjusted only)" in text
     assert "**Both widths at K = 160**" in text and "| KCI (gamma null) | median |" in text
-    assert "| 0.99 | 0.98 |" in text and "**Equal CPU**: pending." in text
+    assert "| 0.99 | 0.98 |" in text and "| KCI on all rows | 1800 | 5 |" in text and "| E-KCI-lp | 16000 | 4.8 |" in text
     assert "| ekci_lp | 1 | cdt's 18-edge consensus |" in text and "| ekci_lp | 1 | 17-arc DAG (bnlearn) |" in text
     for key in PREDICTIONS:
         assert f"- `{key}`" in text
-    assert "**no data yet**" in text   # equal CPU: nothing there
+    assert "`released_width_gamma`" in text and "**no data yet**" in text   # no released-width null rows here

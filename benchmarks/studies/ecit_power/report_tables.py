@@ -68,7 +68,8 @@ def power_lines(rows: Rows, tuned: dict | None, by: dict[str, dict]) -> list[str
             for e in range(len(TARGET_POWER)):
                 raw = rows.power(sub, k, e)
                 cells += [cell(raw) if raw_ok else ("(gamma null: size-adjusted only)" if sub == "kci" else
-                                                    ("(type-I above the level)" if raw else "n/a")),
+                                                    "n/a" if not raw else "(no type-I row yet)" if t1 is None else
+                                                    "(type-I above the level)"),
                           cell(rows.power(sub, k, e, adjusted=True))]
             label = f"{k} ({M * k})" + (f", e = {' / '.join('%g' % x if x else '?' for x in eff)}" if any(eff)
                                          else "")
@@ -251,14 +252,37 @@ def reading(rows: Rows, records: list[dict]) -> list[str]:
                    f"power differs by {', '.join(f'{d[0]:+.2f} (K = {k}, e{e})' for k, e, d in costs)}; the largest "
                    f"cost is at K = {worst[0]} ({_fmt(worst[2])}). Where that interval excludes 0 the exact null "
                    "costs power; where it covers 0 no cost is resolved at these N.")
-    hi = max(DIAL_RHOS)
+    lo, hi = min(DIAL_RHOS), max(DIAL_RHOS)
     null_hi = _dial(records, hi, "kci_lp", "null")
     if null_hi:
         z = mean_z(null_hi)
+        drop = paired_diff([float(combined(s) <= LEVEL) for s in _dial(records, lo, "kci_lp", "alt")],
+                           [float(combined(s) <= LEVEL) for s in _dial(records, hi, "kci_lp", "alt")])
+        lost = drop is not None and drop[1] > 0
         out.append(f"- **Where it breaks**: at rho = {hi} (X {hi ** 2:.0%} set by Z) kci_lp's null subset mean z is "
-                   f"{_fmt(z)}: conservative, so E-KCI-lp keeps its level and loses power there (dial table); with X "
-                   "nearly a function of Z it is not the test to use, and more subsets make it worse (the shift adds "
-                   "up with sqrt(K)).")
+                   f"{_fmt(z)}" + (" (conservative: p-values pushed up)" if z and z[2] < 0 else "")
+                   + f"; its power at rho = {lo} minus at rho = {hi}, paired by dataset: {_fmt(drop)}"
+                   + (": power is lost there while the level holds, and a conservative shift adds up with sqrt(K), "
+                      "so with X nearly a function of Z E-KCI-lp is not the test to use at many subsets."
+                      if lost else ": no loss resolved at these N."))
+    use = []
+    for k in KS:
+        lp, g = rows.type1("kci_lp", k), rows.type1("kci", k)
+        c = [paired_diff(rows.paired_rejects("kci_lp", k, e), rows.paired_rejects("kci", k, e, adjusted=True))
+             for e in range(len(TARGET_POWER))]
+        c = [d for d in c if d is not None]
+        if lp is None or g is None:
+            continue
+        if g[1] > LEVEL and lp[0] <= LEVEL + 0.03:
+            use.append(f"K = {k} (n = {M * k}): E-KCI-lp, the only one of the two that holds the level")
+        elif c and any(d[2] < 0 for d in c):
+            use.append(f"K = {k} (n = {M * k}): the gamma E-KCI (its level holds here, it is ~2x cheaper per "
+                       "subset and kci_lp's exact null costs resolved power)")
+        else:
+            use.append(f"K = {k} (n = {M * k}): either (both hold the level, no power cost of the exact null "
+                       "resolved); the gamma sub-test is ~2x cheaper per subset")
+    if use:
+        out.append("- **Which test, where** (this design, default width): " + "; ".join(use) + ".")
     fz = rows.type1("fisherz", max(KS))
     if fz is not None:
         out.append(f"- **Fisher-z subsets** on these post-nonlinear triplets: type-I {cell(fz)} at K = {max(KS)}: "
