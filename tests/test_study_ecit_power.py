@@ -156,7 +156,8 @@ def test_report_renders_partial_records_and_both_sachs_references(tmp_path):
     assert "| 10 (4000), e = 0.2 / 0.3 | kci_lp (local-permutation null) |" in text and "(N=100)" in text
     assert "(gamma null: size-adjusted only)" in text
     assert "**Both widths at K = 160**" in text and "| KCI (gamma null) | median |" in text
-    assert "| 0.99 | 0.98 |" in text and "| KCI on all rows | 1800 | 5 |" in text and "| E-KCI-lp | 16000 | 4.8 |" in text
+    assert "| 0.99 | 0.98 |" in text and "| KCI on all rows | 1800 | 5 |" in text
+    assert "| E-KCI-lp | 16000 | 4.8 |" in text and "- **Which test, where**" in text
     assert "| ekci_lp | 1 | cdt's 18-edge consensus |" in text and "| ekci_lp | 1 | 17-arc DAG (bnlearn) |" in text
     for key in PREDICTIONS:
         assert f"- `{key}`" in text

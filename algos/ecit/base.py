@@ -4,8 +4,9 @@ statistic with a local-permutation null, :mod:`algos.ecit.local_perm`), on array
 ``base_pvalue(x, y, z, base)`` tests X _||_ Y | Z on the rows given (2-D arrays, one row per sample; ``z`` may be
 None or have 0 columns). KCI takes multi-column X and Y; Fisher-z one column each. Options go to causal-learn's
 test class unchanged (e.g. KCI's ``kernelX``, ``est_width``, ``approx``); ``kci_lp`` takes ``n_perm``,
-``bin_size`` and ``est_width`` (:func:`width_options` names the released code's width for both) and draws its permutations from numpy's global generator (seeded per subset by
-:func:`algos.ecit.ecit.subset_pvalue`), like causal-learn's own random draws.
+``bin_size`` and ``est_width`` (:func:`width_options` names the released code's width for both) and draws its
+permutations from numpy's global generator (seeded per subset by :func:`algos.ecit.ecit.subset_pvalue`), like
+causal-learn's own random draws.
 """
 from __future__ import annotations
 
