@@ -188,7 +188,7 @@ def test_free_ports_are_distinct_bindable_and_never_handed_out_twice():
 def test_free_ports_differ_even_when_the_os_reuses_a_closed_port(monkeypatch):
     """An OS that hands out the lowest port not bound right now (Linux may reuse a just-closed ephemeral port): ports
     picked one socket at a time would all be equal."""
-    import cluster.deploy.local as local
+    import cluster.deploy.local_node as local  # the module that owns the port helpers (and their socket)
 
     bound: set[int] = set()
 

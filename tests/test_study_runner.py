@@ -16,7 +16,8 @@ import pytest
 
 from benchmarks.study.core import Study, StudyError, Unit
 from benchmarks.study.records import load_records
-from benchmarks.study.runner import commit_results, format_status, report, Paths, run_unit_inline, status_rows
+from benchmarks.study.runner import commit_results, Paths, run_unit_inline
+from benchmarks.study.status import format_status, report, status_rows
 from tests.helpers import wait_until
 
 ROOT = Path(__file__).resolve().parents[1]

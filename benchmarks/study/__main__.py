@@ -9,8 +9,8 @@ from pathlib import Path
 from benchmarks.study import STUDIES
 from benchmarks.study.core import StudyError
 from benchmarks.study.records import RESULTS
-from benchmarks.study.runner import (Paths, format_status, print_exc_line, report, run_lane, status_rows,
-                                     unit_main)
+from benchmarks.study.runner import Paths, print_exc_line, run_lane, unit_main
+from benchmarks.study.status import format_status, report, status_rows
 
 
 def main(argv: list[str] | None = None) -> int:
