@@ -91,7 +91,8 @@ class RunDir:
             _claim(path)
         else:
             path = base / run_name
-            if not _claim(path):
+            # a config.yaml without a run id: a run of the code before run ids were claims
+            if (path / "config.yaml").exists() or not _claim(path):
                 raise RunNameTaken(f"run directory {path} is already used by another run: give another run_name, "
                                    f"or add resume=true to continue that run")
         for sub in ("checkpoints", "plots", "data", "tb"):
