@@ -6,7 +6,7 @@
 #   run(command='bash benchmarks/first_gpu_run.sh "$OUT"', timeout_s=240)     # then give_back
 #
 # writes OUT/first_gpu_run.md (the table, rewritten after every row), OUT/rows.json and OUT/log.txt. Exit status:
-# 0 every row ok, 1 a row failed or did not run, 2 no CUDA device, 124 the 200 s cap below (the rows done are kept).
+# 0 every row ok, 1 a row failed or did not run, 2 no CUDA device, 124 the 170 s cap below (the rows done are kept).
 # Rehearse it on a CPU: PYTHON=/path/to/python3.12 DEVICE=cpu bash benchmarks/first_gpu_run.sh /tmp/out
 set -uo pipefail
 out=${1:?usage: first_gpu_run.sh OUT_DIR}
@@ -17,7 +17,7 @@ python=${PYTHON:-python3}
 { nvidia-smi -L 2>/dev/null || echo "no nvidia-smi"; "$python" -c 'import sys, torch; print(sys.version.split()[0], torch.__version__, "cuda", torch.cuda.is_available())'; } \
     2>&1 | tee "$out/log.txt"
 start=$(date +%s)
-timeout 200 "$python" -m benchmarks.gpu --device "${DEVICE:-cuda}" --out "$out" 2>&1 | tee -a "$out/log.txt"
+timeout 170 "$python" -m benchmarks.gpu --device "${DEVICE:-cuda}" --out "$out" 2>&1 | tee -a "$out/log.txt"
 status=${PIPESTATUS[0]}
 echo "first_gpu_run: exit $status after $(( $(date +%s) - start )) s" | tee -a "$out/log.txt"
 exit "$status"

@@ -127,6 +127,24 @@ def test_the_physics_row_is_not_run_without_its_tables_and_fails_on_a_wrong_conv
     assert wrong.status == FAIL and "max rel. error" in wrong.line, wrong
 
 
+def test_a_sampler_that_leaves_masks_fails_the_vidd_row(monkeypatch):
+    """VIDD's row passes with the real stage 0 and sampler, and fails when samples come back with mask tokens (a
+    sampler that stops early on the device)."""
+    from algos.vidd import sampling
+    small = tier._sizes("cpu")["vidd"]
+    from benchmarks.gpu import vidd
+    assert vidd.vidd_stage0_and_sampler("cpu", **small).ok
+    real = sampling.sample
+
+    def stops_early(model, n, length, T, generator=None, **kw):
+        out = real(model, n, length, T, generator, **kw)
+        out.tokens[:, 0] = small["vocab"]  # the mask id
+        return out
+    monkeypatch.setattr(sampling, "sample", stops_early)
+    row = vidd.vidd_stage0_and_sampler("cpu", **small)
+    assert row.status == FAIL and "no mask left False" in row.line, row
+
+
 def test_the_device_tier_imports_nothing_the_image_lacks():
     """Every module the device tier imports, with the packages the lent image lacks made unimportable; the physics
     row (the torch prior built from the stored MuJoCo tables) runs there."""
