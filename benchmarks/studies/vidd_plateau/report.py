@@ -43,6 +43,31 @@ def _status(by_unit: dict, units: list) -> tuple[list[str], bool]:
                                                                          "incomplete; no claim is read below."), ""], complete
 
 
+def _design() -> list[str]:
+    """The declared rules, as plan.py and rules.py hold them (so the section states them beside their results)."""
+    lo, hi = rules.CAP_BOUNDS_S
+    return ["### Design (declared in code before any unit ran)", "",
+            f"- Start model: `vidd_budget`'s DNA denoiser, the same file and sha; {plan.SIZES['seq_len']} bp, T = "
+            f"{plan.SIZES['T']}, batch {plan.SIZES['batch_size']} trajectories per iteration for every method; every "
+            f"evaluation on {plan.SIZES['eval_samples']} fresh samples.",
+            f"- Pilot: {plan.PRIMARY} at lr {plan.PILOT[0]:g}, alpha {plan.PILOT[1]:g} on seeds {plan.TUNE_SEEDS}, "
+            f"{plan.SIZES['pilot_s']:.0f} training CPU-s. Cap: the CPU-s where the pilots' mean evaluation median first "
+            f"reaches {rules.CAP_FRACTION:.0%} of its rise, rounded up to {rules.CAP_ROUND_S:.0f}, clamped to "
+            f"[{lo:.0f}, {hi:.0f}] (the budget's bound).",
+            f"- Plateau: from {rules.PLATEAU_MIN_FRACTION:.0%} of the cap on, a run stops when no evaluation median in "
+            f"the last {rules.PLATEAU_WINDOW:.0%} of its training CPU exceeds the best before; else it stops at the cap.",
+            f"- Tuning: {', '.join(plan.TUNED)}, each 3 lrs {plan.LR_GRID[1:4]} x 3 of its second knob "
+            + "; ".join(f"{m} {plan.METHODS[m][3]} {plan.KNOB_GRIDS[m][1:4]}" for m in plan.TUNED)
+            + f", seeds {plan.TUNE_SEEDS}, cap/4; chosen by mean reward at KL kappa (the pilot's KL at cap/4). A "
+            f"choice on an edge extends every grid one step on that side ({plan.LR_GRID[0]:g} / {plan.LR_GRID[-1]:g} "
+            "for lr; the knobs' outer values), once, before any reported unit.",
+            f"- Comparisons: reward at KL {plan.KL_MATCH_FACTORS} x kappa, at {plan.TRAJ_MATCH} trajectories, at "
+            f"{plan.QUERY_MATCH} queries (a pair is comparable where both runs reach the value on >= "
+            f"{plan.MIN_PAIRED_SEEDS} seeds), and at the plateau/cap; stability: seed SD and each run's largest drop; "
+            "mode collapse: diversity. Closeness: KL(fine-tuned || pretrained) along the fine-tuned model's own "
+            "trajectories (`algos/vidd/closeness.py`), beside the pretrained NLL; best-of-N: log N - (N-1)/N.", ""]
+
+
 def _pilot_section(by_unit: dict) -> list[str]:
     cap = by_unit.get("cap")
     if cap is None:
@@ -260,7 +285,7 @@ def report(records: list[dict], out_dir: Path) -> str:
               "each abstract claim has its axis (stability: drops and seed spread; sample efficiency: matched "
               "trajectories and queries; reward optimisation: matched KL; mode collapse: diversity); every tuned "
               "method gets 3 x 3 cells of its own two knobs, extended once past an edge.", ""]
-    lines += _pilot_section(by_unit) + _tuning_section(by_unit) + _final_table(by_unit)
+    lines += _design() + _pilot_section(by_unit) + _tuning_section(by_unit) + _final_table(by_unit)
     if cap:
         lines += _matched_table(by_unit, "kl", cap["kl_match"], "Reward at matched trajectory KL (nats)")
         lines += _matched_table(by_unit, "kl", [cap["kappa"]], "Diversity at KL kappa", metric="diversity")
