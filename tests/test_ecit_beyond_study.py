@@ -10,7 +10,8 @@ import pytest
 
 from benchmarks.study.core import REPORTED_SEEDS
 from benchmarks.studies.ecit_beyond.plan import COMBINERS, M, SACHS_METHODS, STUDY, SUBTESTS, TUNED, TYPEI
-from benchmarks.studies.ecit_beyond.report import null_shift, report
+from benchmarks.studies.ecit_beyond.report import report
+from benchmarks.study.ecit_data import null_shift
 
 TINY = {"null_reps": 2, "null_sim_reps": 2, "null_m": 120, "m": 120, "typei_reps": (2, 1), "sachs_n": 300, "sachs_m": 100,
         "sachs_max_k": 0, "sachs_kci_budget_s": 600.0}

@@ -8,6 +8,7 @@ import numpy as np
 
 from benchmarks.studies.ecit.plan import (COMBINERS, CONTROL_DATA, LEVEL, PC_ECIT_N, PC_FULL_N, PC_GRAPH, PC_MAX_K,
                                           STUDY, SUBSET_SIZES, TUNE_N, TUNE_SEEDS, tuned_setting)
+from benchmarks.study.ecit_data import null_shift
 
 
 def _pooled(recs: list[dict], method: str) -> dict:
@@ -225,22 +226,14 @@ def _recovered(recs: list[dict], combiner: str) -> float:
 
 
 def subset_null_shift(null_tests: list[list[float]], level: float = LEVEL) -> dict[str, float]:
-    """How far the subset p-values of null datasets are from uniform, in the units an averaging combiner adds up:
-    each p as z = Phi^-1(1 - p) (uniform p: mean 0, sd 1). With K subsets, Stouffer's sum (the stable law at
-    alpha = 2) then rejects at about Phi-bar((z_level - mean sqrt(K)) / sd): a shift too small to see at one subset's
-    5 % tail grows with sqrt(K)."""
+    """:func:`null_shift` of subset p-values, in the units an averaging combiner adds up: with K subsets, Stouffer's
+    sum (the stable law at alpha = 2) rejects at about Phi-bar((z_level - mean sqrt(K)) / sd), so a shift too small
+    to see at one subset's 5 % tail grows with sqrt(K)."""
     from scipy.stats import norm
-    ps = np.concatenate([np.asarray(t, dtype=float) for t in null_tests])
-    z = norm.isf(np.clip(ps, 1e-300, 1.0))
+    shift = null_shift(null_tests, level)
     k = float(np.mean([len(t) for t in null_tests]))
-    mean, sd = float(z.mean()), float(z.std(ddof=1))
-    # the interval is over datasets, not subsets: a dataset's subsets share its functions and coefficients
-    per_test = [float(norm.isf(np.clip(np.asarray(t, dtype=float), 1e-300, 1.0)).mean()) for t in null_tests]
-    half = 1.96 * float(np.std(per_test, ddof=1)) / np.sqrt(len(per_test))
-    return {"k": k, "count": int(len(z)), "share_below_level": float(np.mean(ps <= level)), "mean": mean,
-            "low": mean - half, "high": mean + half, "sd": sd,
-            "predicted_stouffer": float(norm.sf((norm.isf(level) - mean * np.sqrt(k)) / sd))}
-
+    return {**shift, "k": k,
+            "predicted_stouffer": float(norm.sf((norm.isf(level) - shift["mean"] * np.sqrt(k)) / shift["sd"]))}
 
 def _mechanism_lines(cal_by_n: dict[int, list[dict]], ctl_by_n: dict[int, list[dict]], shifts: dict,
                      control_seeds: list[int]) -> list[str]:

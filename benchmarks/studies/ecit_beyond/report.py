@@ -8,21 +8,7 @@ import numpy as np
 from benchmarks.studies.ecit_beyond.plan import (COMBINERS, GOAL, LEVEL, M, NULL_SUBTESTS, PAPER_SACHS_F1,
                                                  SACHS_KCI_BUDGET_S, SACHS_M, SACHS_MAX_K, SACHS_METHODS, SACHS_N,
                                                  STUDY, SUBTESTS, TUNED)
-
-
-def null_shift(null_tests: list[list[float]], level: float = LEVEL) -> dict[str, float]:
-    """Mean z = Phi^-1(1 - p) of null p-values (0 if uniform) with a 95 % interval over datasets (a dataset's
-    subsets share its functions), the share <= level, and the sd of z."""
-    from scipy.stats import norm
-    ps = np.concatenate([np.asarray(t, dtype=float) for t in null_tests])
-    z = norm.isf(np.clip(ps, 1e-300, 1.0 - 1e-16))
-    per = np.array([float(norm.isf(np.clip(np.asarray(t, dtype=float), 1e-300, 1.0 - 1e-16)).mean())
-                    for t in null_tests])
-    half = 1.96 * float(per.std(ddof=1)) / np.sqrt(len(per)) if len(per) > 1 else float("nan")
-    mean = float(z.mean())
-    return {"count": int(z.size), "datasets": len(null_tests), "mean": mean, "low": mean - half,
-            "high": mean + half, "sd": float(z.std(ddof=1)) if z.size > 1 else float("nan"),
-            "share_below_level": float(np.mean(ps <= level))}
+from benchmarks.study.ecit_data import null_shift
 
 
 def _pooled(recs: list[dict], sub: str, comb: str, key: str) -> tuple | None:

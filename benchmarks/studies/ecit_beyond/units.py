@@ -9,9 +9,8 @@ from benchmarks.studies.ecit_beyond.plan import (COMBINERS, DESIGN, LEVEL, M, NU
                                                  NULL_SUBTESTS, SACHS_KCI_BUDGET_S, SACHS_M, SACHS_MAX_K, SACHS_METHODS,
                                                  SACHS_N, SUBTESTS, SachsBudgetExceeded, TUNED, TYPEI, _COUNTS, design,
                                                  log)
-from benchmarks.studies.ecit_beyond.report import null_shift
 from benchmarks.study.core import StudyError, UnitContext
-from benchmarks.study.ecit_data import DATA, _seed, _subset_pvalues, _triplet
+from benchmarks.study.ecit_data import DATA, _seed, _subset_pvalues, _triplet, null_shift
 
 
 def run_design(ctx: UnitContext) -> dict:
