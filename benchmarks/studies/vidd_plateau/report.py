@@ -39,8 +39,8 @@ def _status(by_unit: dict, units: list) -> tuple[list[str], bool]:
         roles[kind] = (done + (u.name in by_unit), total + 1)
     complete = all(f"{m}-s{s}" in by_unit for m in ROWS for s in REPORTED_SEEDS)
     line = ", ".join(f"{k} {d}/{t}" for k, (d, t) in roles.items())
-    return [f"**Status: {line} units recorded.**" + ("" if complete else " **Partial**: the reported DNA table is "
-                                                                         "incomplete; no claim is read below."), ""], complete
+    partial = "" if complete else " **Partial**: the reported DNA table is incomplete; no claim is read below."
+    return [f"**Status: {line} units recorded.**" + partial, ""], complete
 
 
 def _design() -> list[str]:
@@ -51,11 +51,12 @@ def _design() -> list[str]:
             f"{plan.SIZES['T']}, batch {plan.SIZES['batch_size']} trajectories per iteration for every method; every "
             f"evaluation on {plan.SIZES['eval_samples']} fresh samples.",
             f"- Pilot: {plan.PRIMARY} at lr {plan.PILOT[0]:g}, alpha {plan.PILOT[1]:g} on seeds {plan.TUNE_SEEDS}, "
-            f"{plan.SIZES['pilot_s']:.0f} training CPU-s. Cap: the CPU-s where the pilots' mean evaluation median first "
-            f"reaches {rules.CAP_FRACTION:.0%} of its rise, rounded up to {rules.CAP_ROUND_S:.0f}, clamped to "
+            f"{plan.SIZES['pilot_s']:.0f} training CPU-s. Cap: the CPU-s where the pilots' mean evaluation median "
+            f"first reaches {rules.CAP_FRACTION:.0%} of its rise, rounded up to {rules.CAP_ROUND_S:.0f}, clamped to "
             f"[{lo:.0f}, {hi:.0f}] (the budget's bound).",
             f"- Plateau: from {rules.PLATEAU_MIN_FRACTION:.0%} of the cap on, a run stops when no evaluation median in "
-            f"the last {rules.PLATEAU_WINDOW:.0%} of its training CPU exceeds the best before; else it stops at the cap.",
+            f"the last {rules.PLATEAU_WINDOW:.0%} of its training CPU exceeds the best before; else it stops at the "
+            "cap.",
             f"- Tuning: {', '.join(plan.TUNED)}, each 3 lrs {plan.LR_GRID[1:4]} x 3 of its second knob "
             + "; ".join(f"{m} {plan.METHODS[m][3]} {plan.KNOB_GRIDS[m][1:4]}" for m in plan.TUNED)
             + f", seeds {plan.TUNE_SEEDS}, cap/4; chosen by mean reward at KL kappa (the pilot's KL at cap/4). A "
@@ -114,8 +115,9 @@ def _tuning_section(by_unit: dict) -> list[str]:
 
 def _final_table(by_unit: dict) -> list[str]:
     lines = ["### At the plateau or the cap (seeds 10-14: mean [95 % t-interval])", "",
-             "| method | seeds | stopped (plateau/cap) | training CPU-s | CPU-s / iteration | iterations | trajectories "
-             "| queries | reward median | trajectory KL | pretrained NLL | diversity | 3-mer corr | held-out median |",
+             "| method | seeds | stopped (plateau/cap) | training CPU-s | CPU-s / iteration | iterations | "
+             "trajectories | queries | reward median | trajectory KL | pretrained NLL | diversity | 3-mer corr | "
+             "held-out median |",
              "|" + "---|" * 14]
     for method in ROWS:
         runs = list(_runs(by_unit, method).values())
@@ -129,8 +131,9 @@ def _final_table(by_unit: dict) -> list[str]:
                          f"{col('diversity')} | {col('kmer3_corr')} | {col('eval_reward_median')} |")
             continue
         stops = sum(m["stopped"] == "plateau" for m in ms)
-        lines.append(f"| {method}{' (primary)' if method == plan.PRIMARY else ''} | {len(ms)} | {stops}/{len(ms) - stops}"
-                     f" | {col('train_cpu_s', 0)} | {col('cpu_per_iteration', 3)} | {col('iteration', 0)} | "
+        label = f"{method} (primary)" if method == plan.PRIMARY else method
+        lines.append(f"| {label} | {len(ms)} | {stops}/{len(ms) - stops} | {col('train_cpu_s', 0)} | "
+                     f"{col('cpu_per_iteration', 3)} | {col('iteration', 0)} | "
                      f"{col('trajectories', 0)} | {col('queries', 0)} | {col('reward_median')} | {col('kl')} | "
                      f"{col('nll', 1)} | {col('diversity')} | {col('kmer3_corr')} | {col('eval_reward_median')} |")
     return lines + [""]
@@ -274,9 +277,10 @@ def report(records: list[dict], out_dir: Path) -> str:
     by_unit = {r["unit"]: r for r in records}
     status, complete = _status(by_unit, plan.build_units(Path(out_dir) / "records"))
     cap = by_unit.get("cap", {}).get("metrics")
-    lines = [f"## VIDD vs DDPO to the plateau, on the reward-KL frontier, DNA (`benchmarks/studies/{plan.STUDY_NAME}/`)",
-             "", f"Commands: `nice -n 19 python -m benchmarks.study {plan.STUDY_NAME} run`, `python -m benchmarks.study "
-             f"{plan.STUDY_NAME} report`. Issue 46; supersedes `vidd_budget`'s reading (its records are kept).", ""]
+    study = plan.STUDY_NAME
+    lines = [f"## VIDD vs DDPO to the plateau, on the reward-KL frontier, DNA (`benchmarks/studies/{study}/`)", "",
+             f"Commands: `nice -n 19 python -m benchmarks.study {study} run`, `python -m benchmarks.study {study} "
+             "report`. Issue 46; supersedes `vidd_budget`'s reading (its records are kept).", ""]
     lines += status
     lines += ["**The authors' first objection and the answer** (plan.py's docstring has the whole design): "
               "vidd_budget stopped VIDD at 16k queries = 67 Adam steps while DDPO made 2,048, and read closeness from "
