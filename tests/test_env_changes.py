@@ -262,7 +262,8 @@ def test_domain_randomization_redraws_within_lifts_ranges_from_the_nominal_model
     """Every reset draws friction and masses afresh, within the ratios of the nominal model (never compounding), from
     the seeded stream; the registered LIFT-kind task observes its command."""
     from envs.control.domain_randomization import (LIFT_FRICTION_SCALE, LIFT_LINK_MASS_SCALE, LIFT_TORSO_MASS_ADD,
-                                                   REGISTERED_ID, lift_randomization)
+                                                   lift_randomization)
+    from envs.control.lift_kind import REGISTERED_ID
     nominal = gym.make("Walker2d-v5").unwrapped.model
     env = make_changed_env("Walker2d-v5", {"randomize": lift_randomization()})
     model = env.unwrapped.model

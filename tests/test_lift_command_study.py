@@ -9,7 +9,7 @@ import yaml
 
 from benchmarks.study.core import REPORTED_SEEDS
 from benchmarks.studies.lift_command import plan, report, units
-from envs.control.domain_randomization import lift_kind_pretrain
+from envs.control.lift_kind import lift_kind_pretrain
 from experiments.lift.finetune_config import METHOD_SPECS
 
 

@@ -30,6 +30,7 @@ import numpy as np
 import torch
 from gymnasium.utils import RecordConstructorArgs
 
+from envs.control.domain_randomization import DomainRandomization
 from envs.control.task_rewards import FAMILIES, LocomotionReward, make_task_reward, task_family
 
 LOCOMOTION = ("walker2d", "half_cheetah", "humanoid")  # families with a forward-velocity reward
@@ -196,8 +197,6 @@ class TargetVelocity(gym.Wrapper, RecordConstructorArgs):
         info.update(command=self.command, forward_velocity=velocity, env_reward=env_reward)
         return self._observe(obs), float(reward), terminated, truncated, info
 
-
-from envs.control.domain_randomization import DomainRandomization  # noqa: E402 - it needs nothing of this module
 
 CHANGES: dict[str, type[gym.Wrapper]] = {
     "target_velocity": TargetVelocity,

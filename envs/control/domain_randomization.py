@@ -1,5 +1,5 @@
-"""Domain randomisation of a MuJoCo task's contacts and masses, resampled every episode, and the LIFT-kind Walker2d
-task built with it: a forward-velocity command from a training range, randomised during pretraining.
+"""Domain randomisation of a MuJoCo task's contacts and masses, redrawn every episode (the ``randomize`` change of
+``envs.control.changes``; the LIFT-kind task that pretrains under it: ``envs.control.lift_kind``).
 
 LIFT pretrains on a randomised simulator (bigai-ai/LIFT-humanoid@32fab57,
 ``mujoco_playground/_src/locomotion/t1_12dof_sim_finetune/randomize.py:30-61``): floor friction drawn from
@@ -15,8 +15,6 @@ Only these two physical families are randomised (the issue's "friction and link 
 friction loss, armature, qpos0, PD gains, damping) have no counterpart in a torque-driven gymnasium Walker2d or are
 left out on purpose: a rigid-body change *outside* what pretraining randomised must exist for the study. As LIFT,
 masses change without their inertia.
-
-Registered: ``gymnasium.make("orrery/Walker2dCommandDR-v0")`` is ``make_env("walker2d", LIFT_KIND_PRETRAIN)``.
 """
 from __future__ import annotations
 
@@ -29,21 +27,12 @@ from gymnasium.utils import RecordConstructorArgs
 LIFT_FRICTION_SCALE = (0.2 / 0.6, 1.0)
 LIFT_LINK_MASS_SCALE = (0.98, 1.02)
 LIFT_TORSO_MASS_ADD = (-1.0 / 19.4304, 1.0 / 19.4304)  # x the torso's nominal mass
-COMMAND_RANGE = (0.0, 1.5)  # m/s: the Walker2d start model's declared training range of forward-velocity commands
-COMMAND_SIGMA = 0.5
-REGISTERED_ID = "orrery/Walker2dCommandDR-v0"
 
 
 def lift_randomization() -> dict:
     """The ``randomize`` change's parameters with LIFT's relative ranges."""
     return {"friction_scale": list(LIFT_FRICTION_SCALE), "link_mass_scale": list(LIFT_LINK_MASS_SCALE),
             "torso_mass_add": list(LIFT_TORSO_MASS_ADD)}
-
-
-def lift_kind_pretrain(command_range: tuple[float, float] = COMMAND_RANGE) -> dict:
-    """The pretraining env's change spec: the command first (its observation, its reward), then the randomisation."""
-    return {"target_velocity": {"command_range": list(command_range), "sigma": COMMAND_SIGMA},
-            "randomize": lift_randomization()}
 
 
 def _interval(name: str, value) -> tuple[float, float]:
@@ -102,17 +91,3 @@ class DomainRandomization(gym.Wrapper, RecordConstructorArgs):
         obs, info = self.env.reset(seed=seed, options=options)
         info["randomization"] = self.draw()
         return obs, info
-
-
-def walker2d_command_env(command_range: tuple[float, float] = COMMAND_RANGE, randomize: bool = True) -> gym.Env:
-    """The LIFT-kind Walker2d pretraining env (the registered id's entry point)."""
-    from envs.control.tasks import make_env
-    spec = lift_kind_pretrain(command_range)
-    if not randomize:
-        spec.pop("randomize")
-    return make_env("walker2d", spec)
-
-
-if REGISTERED_ID not in gym.registry:
-    gym.register(REGISTERED_ID, entry_point=f"{__name__}:walker2d_command_env", max_episode_steps=None,
-                 order_enforce=False, disable_env_checker=True)

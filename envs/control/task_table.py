@@ -48,6 +48,11 @@ def _register() -> None:
                          max_episode_steps=None, order_enforce=False, disable_env_checker=True)
 
 
+    if "orrery/Walker2dCommandDR-v0" not in gym.registry:  # LIFT's kind of pretraining task (envs.control.lift_kind)
+        gym.register("orrery/Walker2dCommandDR-v0", entry_point="envs.control.lift_kind:walker2d_command_env",
+                     max_episode_steps=None, order_enforce=False, disable_env_checker=True)
+
+
 _register()
 
 

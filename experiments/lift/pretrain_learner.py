@@ -8,6 +8,10 @@ One round (LIFT's training step, per rank):
        append them to the replay ring and, in chunks, to Parquet (stage 2 trains the world model from it);
     3. ``steps_per_round * utd`` SAC updates (G per vectorised env step) at batch B; DDP all-reduces gradients;
     4. rank 0 publishes the new policy version to the pool; evaluation, metrics and checkpoints on schedule.
+
+``train_fn`` runs the rounds (``run_rounds``) under Ray Train with the shared pool; ``run_one_rank`` runs the same
+rounds in this process (``ddp.local_session``, ``cluster.local_pool``), paused and resumed at a deadline: the studies'
+start models (``pretrain_local.LocalPretrain``, ``benchmarks/studies/lift_command/stage.py``) come from this loop.
 """
 from __future__ import annotations
 

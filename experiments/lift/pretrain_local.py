@@ -1,19 +1,18 @@
-"""LIFT stage 1 in one process (no Ray), in resumable chunks: the pretraining a study runs as ``stage`` units.
+"""LIFT stage 1 for a study's ``stage`` unit, in resumable chunks, by the one pretraining loop: the learner a cluster
+job runs (``pretrain_learner.run_rounds`` on one rank, its env samplers in this process).
 
-The same loop as ``pretrain_learner`` on one rank without overlap: ``steps_per_round`` vectorised steps of the
-stochastic policy -> normalizer, replay -> ``steps_per_round * utd`` SAC updates, evaluation on schedule. A chunk runs
-until its deadline and leaves a ``checkpoint`` dict (agent with optimisers and normalizer, counters, RNG states,
-evaluation curve): what resuming needs, without the replay. The replay goes to a scratch file that survives on the same
-machine; a chunk resumed without it (a new machine) refills ``min_replay_size`` transitions with the current policy
-before updating again, and says so in the checkpoint (``refills``).
-
-The world-model columns (qpos, qvel, ctrl, next state) of the newest ``wm_rows`` transitions are kept beside the
-replay: stage 2 (``fit_stage2``) fits the world models on them, as LIFT fits its model on the pretraining replay.
+``LocalPretrain`` is the chunked interface the Walker2d studies' stages call (``benchmarks/study/lift_stages.py``):
+``run`` drives the learner until its budget, a deadline or (tests) a step count, and pauses it with a checkpoint in
+the learner's run directory beside ``replay_file`` (with the replay ring: a later chunk on this machine resumes
+exactly). ``checkpoint`` is the small part a study commits (agent with optimisers and normaliser, counters and
+evaluation curve): a chunk resumed from it on another machine starts the learner from that agent with an empty
+replay, which the learner refills with the current policy before updating again (``refills`` counts them).
+When the budget is done, ``replay_file`` gets the world-model columns of the newest ``wm_rows`` transitions of the
+learner's Parquet replay, which stage 2 (``fit_stage2``) fits on, as LIFT fits its model on the pretraining replay.
 """
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,12 +24,12 @@ import yaml
 
 from algos.lift.agent import SACAgent
 from algos.lift.replay import ReplayBuffer, transition_fields
-from algos.lift.sac import SACConfig, update
-from envs.control.rollout import VectorRollout, evaluate
+from algos.lift.sac_config import SACConfig
 
 log = logging.getLogger(__name__)
 ROOT = Path(__file__).resolve().parents[2]
 WM_COLUMNS = ("qpos", "qvel", "ctrl", "next_qpos", "next_qvel", "terminated", "truncated")
+STOP_MARGIN_S = 30.0  # a pause (the checkpoint with its replay ring) must fit in what is left
 
 
 @dataclass
@@ -56,10 +55,7 @@ class PretrainSpec:
 
     def sac_config(self) -> SACConfig:
         from experiments.lift.pretrain_config import Config
-        raw = self.preset()
-        cfg = Config(sac_preset=raw.get("sac_preset", "humanoid"), sac=raw.get("sac", {}))
-        sac = cfg.sac_config()
-        sac.bf16 = False  # fp32 on every CPU: the start model must not depend on the machine's float path
+        sac = Config(**self.experiment(1)).sac_config()
         return sac
 
     def change(self) -> dict | None:
@@ -68,110 +64,130 @@ class PretrainSpec:
     def steps_per_round(self) -> int:
         return int(self.preset().get("steps_per_round", 4))
 
+    def experiment(self, total_env_steps: int | None = None) -> dict[str, Any]:
+        """The learner's ``experiment.*`` (``pretrain_config.Config``): the preset's SAC in fp32 (the start model must
+        not depend on the machine's float path) and this spec's budget and evaluation schedule."""
+        raw = self.preset()
+        return {"sac_preset": raw.get("sac_preset", "humanoid"), "sac": {**raw.get("sac", {}), "bf16": False},
+                "total_env_steps": total_env_steps or self.total_env_steps, "steps_per_round": self.steps_per_round(),
+                "eval_every_steps": self.eval_every_steps, "eval_episodes": self.eval_episodes,
+                "checkpoint_every_updates": int(raw.get("checkpoint_every_updates", 20_000)),
+                "physics_state": True, "change": self.change()}
+
+
+def _fresh_state() -> dict[str, Any]:
+    return {"env_steps": 0, "chunks": 0, "refills": 0, "eval_steps": [], "eval_returns": [], "train_returns": [],
+            "falls": 0}
+
 
 class LocalPretrain:
-    """The agent, replay and envs of a chunked in-process pretraining."""
+    """One chunk of the learner's pretraining in this process (see the module docstring)."""
 
     def __init__(self, spec: PretrainSpec, seed: int, checkpoint: dict | None, replay_file: Path) -> None:
         self.spec, self.seed, self.replay_file = spec, seed, replay_file
-        self.sac = sac = spec.sac_config()
-        self.change = spec.change()
-        probe = VectorRollout(spec.task, 1, seed, self.change)
-        obs_dim, act_dim = probe.single_observation_space.shape[0], probe.single_action_space.shape[0]
-        probe.close()
-        torch.manual_seed(seed)
-        self.agent = SACAgent(obs_dim, act_dim, sac)
-        self.buffer = ReplayBuffer(sac.replay_capacity, transition_fields(obs_dim, act_dim))
-        self.wm_data: dict[str, np.ndarray] = {}
-        self.gen = torch.Generator().manual_seed(seed * 7)
-        self.state: dict[str, Any] = {"env_steps": 0, "rounds": 0, "chunks": 0, "refills": 0, "refill_until": 0,
-                                      "eval_steps": [], "eval_returns": [], "train_returns": [], "falls": 0}
-        if checkpoint is not None:
-            self.agent.load_state_dict(checkpoint["agent"])
-            self.gen.set_state(checkpoint["gen"])
-            torch.set_rng_state(checkpoint["torch_rng"])
-            self.state = checkpoint["state"]
-            self._load_replay()
+        self.sac = spec.sac_config()
+        self.run_path = replay_file.parent / "learner"
+        self.state = {**_fresh_state(), **(checkpoint or {}).get("state", {})}
         self.state["chunks"] += 1
-        # a fresh env batch per chunk (env states are not checkpointed), seeded by the chunk
-        self.rollout = VectorRollout(spec.task, sac.num_envs, seed * 1000 + self.state["chunks"], self.change,
-                                     physics_state=True)
+        self.agent: SACAgent | None = None
+        local = self._local_steps()
+        if checkpoint is not None and (local is None or local < self.state["env_steps"]):
+            self._seed_learner(checkpoint["agent"])  # another machine: the agent alone, the replay refilled
 
-    @property
-    def done(self) -> bool:
-        return self.state["env_steps"] >= self.spec.total_env_steps
+    def _latest(self) -> Path:
+        return self.run_path / "checkpoints" / "latest" / "rank0.pt"
 
-    def _load_replay(self) -> None:
-        saved = (torch.load(self.replay_file, weights_only=False, map_location="cpu") if self.replay_file.exists()
-                 else None)
-        if saved is not None and saved.get("env_steps") == self.state["env_steps"]:
-            self.buffer.load_state_dict(saved["buffer"])
-            self.wm_data = saved["wm_data"]
-            return
-        # a new machine (or a replay from another step): refill before updating again
+    def _local_steps(self) -> int | None:
+        latest = self._latest()
+        if not latest.exists():
+            return None
+        return int(torch.load(latest, weights_only=True, map_location="cpu")["counters"]["env_steps"])
+
+    def _seed_learner(self, agent_state: dict) -> None:
+        """A learner checkpoint of ``agent_state`` and this run's counters with an empty replay ring."""
+        arch = agent_state["arch"]
+        ring = ReplayBuffer(self.sac.replay_capacity, transition_fields(arch["obs_dim"], arch["act_dim"]))
+        gen = torch.Generator().manual_seed(self.seed * 7 + self.state["chunks"])
+        counters = {"env_steps": self.state["env_steps"], "rounds": 0, "wall_s": 0.0, "resumed_from": -1}
+        import shutil
+        shutil.rmtree(self.run_path, ignore_errors=True)  # its replay and metrics belong to another history
+        self._latest().parent.mkdir(parents=True, exist_ok=True)
+        torch.save({"agent": agent_state, "buffer": ring.state_dict(), "counters": counters,
+                    "sample_gen": gen.get_state(), "journal": {}}, self._latest())
         self.state["refills"] += 1
-        self.state["refill_until"] = self.state["env_steps"] + self.sac.min_replay_size
-        log.warning("pretraining resumed at %d env steps without its replay: refilling %d transitions",
+        log.warning("pretraining resumed at %d env steps without its replay: the learner refills %d transitions",
                     self.state["env_steps"], self.sac.min_replay_size)
 
-    def checkpoint(self) -> dict:
-        """What resuming needs (not the replay, which goes to ``replay_file``)."""
-        self.replay_file.parent.mkdir(parents=True, exist_ok=True)
-        partial = self.replay_file.with_suffix(".tmp")
-        torch.save({"env_steps": self.state["env_steps"], "buffer": self.buffer.state_dict(),
-                    "wm_data": self.wm_data}, partial)
-        partial.replace(self.replay_file)
-        return {"agent": self.agent.state_dict(), "gen": self.gen.get_state(), "torch_rng": torch.get_rng_state(),
-                "state": self.state}
-
-    def _remember(self, batch: dict[str, np.ndarray]) -> None:
-        self.agent.update_normalizers(batch["obs"])
-        self.buffer.add({k: batch[k] for k in self.buffer.specs})
-        new = {k: np.asarray(batch[k], dtype=np.float32 if k in ("ctrl", "terminated", "truncated") else np.float64)
-               for k in WM_COLUMNS}
-        keep = self.spec.wm_rows
-        self.wm_data = {k: np.concatenate([self.wm_data[k], v])[-keep:] if self.wm_data else v[-keep:]
-                        for k, v in new.items()}
-
-    def evaluate(self) -> float:
-        stats = evaluate(self.spec.task, lambda obs: self.agent.act(obs, True).numpy(), self.spec.eval_episodes,
-                         self.seed + 12345, self.change)
-        value = float(np.mean(stats.returns))
-        self.state["eval_steps"].append(self.state["env_steps"])
-        self.state["eval_returns"].append(value)
-        return value
+    def config(self) -> dict[str, Any]:
+        return {"experiment": self.spec.experiment(), "pool": {}, "run_path": str(self.run_path),
+                "run_id": f"pretrain-{self.spec.task}-s{self.seed}", "task": self.spec.task, "seed": self.seed,
+                "torch_threads": 1, "change": self.spec.change()}
 
     def run(self, seconds_left: Callable[[], float], progress: Callable[..., None] | None = None,
             max_steps: int | None = None) -> bool:
-        """Rounds until the step budget, until ``seconds_left()`` drops under a margin or (tests) after ``max_steps``
-        env steps of this chunk; True when the budget is done."""
-        sac, st = self.sac, self.state
-        steps_per_round = self.spec.steps_per_round()
-        last_eval = st["eval_steps"][-1] if st["eval_steps"] else -self.spec.eval_every_steps
-        round_s, chunk_end = 0.0, st["env_steps"] + (max_steps or self.spec.total_env_steps)
-        while not self.done and st["env_steps"] < chunk_end and seconds_left() > max(30.0, 5 * round_s):
-            t0 = time.perf_counter()
-            batch, stats = self.rollout.collect(lambda obs: self.agent.act(obs, False, self.gen).numpy(),
-                                                steps_per_round)
-            self._remember(batch)
-            st["env_steps"] += len(batch["reward"])
-            st["rounds"] += 1
-            st["falls"] += stats.terminations
-            if stats.returns:
-                st["train_returns"].append([st["env_steps"], float(np.mean(stats.returns))])
-            ready = len(self.buffer) >= sac.min_replay_size and st["env_steps"] >= st["refill_until"]
-            if ready:
-                for _ in range(steps_per_round):
-                    update(self.agent, lambda n: self.buffer.sample(n, self.gen), sac)
-            if st["env_steps"] - last_eval >= self.spec.eval_every_steps or self.done:
-                last_eval = st["env_steps"]
-                value = self.evaluate()
-                if progress is not None:
-                    progress(st["env_steps"], self.spec.total_env_steps, eval_return=value,
-                             updates=self.agent.num_updates)
-            round_s = 0.9 * round_s + 0.1 * (time.perf_counter() - t0) if round_s else time.perf_counter() - t0
-        self.rollout.close()
-        return self.done
+        """The learner's rounds until the step budget, until ``seconds_left()`` drops under a margin or (tests) after
+        ``max_steps`` env steps of this chunk; True when the budget is done."""
+        from cluster import ddp
+        from cluster.local_pool import LocalPool
+        from experiments.lift.pretrain_learner import PretrainLearner, SubmittingPool, run_rounds
+        from experiments.registry import sampler_factories
+        pool = LocalPool(sampler_factories())
+        try:
+            with ddp.local_session(self.run_path / "checkpoints"):
+                learner = PretrainLearner(self.config(), pool=SubmittingPool(pool))
+                chunk_end = learner.counters["env_steps"] + (max_steps or self.spec.total_env_steps)
+
+                def should_stop() -> bool:
+                    return seconds_left() < STOP_MARGIN_S or learner.counters["env_steps"] >= chunk_end
+                done = run_rounds(learner, should_stop)
+        finally:
+            pool.close()
+        self.agent = learner.agent
+        self._follow_metrics(learner.counters["env_steps"])
+        if progress is not None:
+            last = self.state["eval_returns"][-1] if self.state["eval_returns"] else float("nan")
+            progress(self.state["env_steps"], self.spec.total_env_steps, eval_return=last,
+                     updates=self.agent.num_updates)
+        if done:
+            self._save_wm_rows()
+        return done
+
+    def _follow_metrics(self, env_steps: int) -> None:
+        """Counters and curves from the learner's metric rows (a history from another machine is kept before them)."""
+        from cluster.metrics import read_metrics
+        df = read_metrics(self.run_path)
+        first = int(df["env_steps"].min()) if len(df) else env_steps
+        st = self.state
+        keep = [i for i, s in enumerate(st["eval_steps"]) if s < first]
+        st["eval_steps"] = [st["eval_steps"][i] for i in keep]
+        st["eval_returns"] = [st["eval_returns"][i] for i in keep]
+        st["train_returns"] = [r for r in st["train_returns"] if r[0] < first]
+        if "eval_return" in df:
+            ev = df.dropna(subset=["eval_return"])
+            st["eval_steps"] += [int(v) for v in ev["env_steps"]]
+            st["eval_returns"] += [float(v) for v in ev["eval_return"]]
+        if "train_return" in df:
+            tr = df.dropna(subset=["train_return"])
+            st["train_returns"] += [[int(s), float(v)] for s, v in zip(tr["env_steps"], tr["train_return"])]
+        st["falls"] = int(df["falls"].fillna(0).sum()) if "falls" in df else st["falls"]
+        st["env_steps"] = env_steps
+
+    def _save_wm_rows(self) -> None:
+        from cluster.store import ParquetStore
+        data = ParquetStore(self.run_path / "data" / "replay-rank0").to_numpy(list(WM_COLUMNS))
+        keep = self.spec.wm_rows
+        wm = {k: np.asarray(data[k][-keep:], dtype=np.float32 if k in ("ctrl", "terminated", "truncated")
+                            else np.float64) for k in WM_COLUMNS}
+        self.replay_file.parent.mkdir(parents=True, exist_ok=True)
+        partial = self.replay_file.with_suffix(".tmp")
+        torch.save({"env_steps": self.state["env_steps"], "wm_data": wm}, partial)
+        partial.replace(self.replay_file)
+
+    def checkpoint(self) -> dict:
+        """What resuming on another machine needs: the agent (weights, optimisers, normaliser) and the counters."""
+        if self.agent is None:
+            raise RuntimeError("checkpoint() before run(): nothing has been pretrained in this chunk")
+        return {"agent": self.agent.state_dict(), "state": self.state}
 
 
 def fit_stage2(kind: str, task: str, exp: Any, data: dict[str, np.ndarray]) -> tuple[Any, dict[str, Any]]:

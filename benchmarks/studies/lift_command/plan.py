@@ -35,7 +35,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from benchmarks.study.core import REPORTED_SEEDS, Study, Unit
-from envs.control.domain_randomization import COMMAND_RANGE, COMMAND_SIGMA, lift_kind_pretrain
+from envs.control.lift_kind import COMMAND_RANGE, COMMAND_SIGMA, lift_kind_pretrain
 
 TASK = "walker2d"
 PRESET = "lift_pretrain_walker2d_command"  # configs/env_preset/<PRESET>.yaml: what the learner runs
