@@ -31,7 +31,7 @@ def report(records: list[dict], out_dir: Path) -> str:
     by = {r["unit"]: r for r in records}
     plan = STUDY.plan()
     reported = [u for u in plan if u.role == "report"]
-    lines = ["## E-CIT: ensemble conditional independence tests and PC (issue 28)", "",
+    lines = ["## E-CIT: ensemble conditional independence tests and PC (`python -m benchmarks.study ecit report`)", "",
              "What it can show: type-I error above the level (an exact binomial interval that excludes it) and power "
              "or cost differences whose interval excludes 0. No equivalence margin was declared before the runs, so "
              "\"holds its level\" is read as \"not shown above it\", and PC at about equal CPU over five seeds is "

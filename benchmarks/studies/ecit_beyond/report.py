@@ -35,7 +35,8 @@ def report(records: list[dict], out_dir: Path) -> str:
     by = {r["unit"]: r for r in records}
     reported = [u for u in plan if u.role == "report"]
     done = sum(u.name in by for u in reported)
-    lines = ["## E-CIT beyond the paper: a sub-test null for many subsets, and PC on Sachs (issue 42)", "",
+    lines = ["## E-CIT beyond the paper: a sub-test null for many subsets, and PC on Sachs (`python -m benchmarks.study "
+             "ecit_beyond report`)", "",
              "What it can show: a type-I error above the level (an exact interval that excludes it) and seed-paired "
              "differences whose interval excludes 0. No equivalence margin was declared, so \"matches\" (E-KCI's "
              "skeleton F1 against KCI's on Sachs) reads as \"not resolved\", not as shown equal.", "",

@@ -274,7 +274,7 @@ def power_lines(recs: dict[str, dict], records: list[dict]) -> list[str]:
 
 def report(records: list[dict], out_dir: Path) -> str:
     recs = _by_name(records)
-    lines = ["## LIFT finetuning as its authors run it (issue 36)", "", *power_lines(recs, records),
+    lines = ["## LIFT finetuning as its authors run it (`python -m benchmarks.study lift_official report`)", "", *power_lines(recs, records),
              "Command (repo root): `nice -n 19 python -m benchmarks.study lift_official run`, then `python -m "
              "benchmarks.study lift_official report`.", "",
              "Walker2d-v5 with a velocity command (1.0 m/s, inside the pretraining range). One loop: every unit ran "
