@@ -61,7 +61,9 @@ def _design() -> list[str]:
             + "; ".join(f"{m} {plan.METHODS[m][3]} {plan.KNOB_GRIDS[m][1:4]}" for m in plan.TUNED)
             + f", seeds {plan.TUNE_SEEDS}, cap/4; chosen by mean reward at KL kappa (the pilot's KL at cap/4). A "
             f"choice on an edge extends every grid one step on that side ({plan.LR_GRID[0]:g} / {plan.LR_GRID[-1]:g} "
-            "for lr; the knobs' outer values), once, before any reported unit.",
+            "for lr; the knobs' outer values), once, before any reported unit. `ddpo` is orrery's DDPO with 2 inner "
+            "steps (at one its theta_old = theta and the clip is inert); `ddpo_official` the released form (previous "
+            "iterate as theta_old, one step).",
             f"- Comparisons: reward at KL {plan.KL_MATCH_FACTORS} x kappa, at {plan.TRAJ_MATCH} trajectories, at "
             f"{plan.QUERY_MATCH} queries (a pair is comparable where both runs reach the value on >= "
             f"{plan.MIN_PAIRED_SEEDS} seeds), and at the plateau/cap; stability: seed SD and each run's largest drop; "
