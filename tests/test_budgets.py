@@ -26,11 +26,11 @@ class CountingPool:
 
 
 def test_lift_pretraining_never_steps_past_its_env_step_budget(tmp_path):
-    """Rounds of 32 env steps under a budget of 300: nine rounds (288), not a tenth that would end at 320, and no
+    """Rounds of 32 env steps under a budget of 100: three rounds (96), not a fourth that would end at 128, and no
     round sent to the pool beyond them (the overlapped round in flight included)."""
     from experiments.lift.pretrain_learner import run_one_rank
     exp = {"sac_preset": "pendulum", "sac": {"num_envs": 4, "batch_size": 32, "min_replay_size": 64, "bf16": False},
-           "total_env_steps": 300, "steps_per_round": 8, "eval_every_steps": 160, "eval_episodes": 1,
+           "total_env_steps": 100, "steps_per_round": 8, "eval_every_steps": 64, "eval_episodes": 1,
            "checkpoint_every_updates": 100_000, "parquet_chunk": 64}
     run = tmp_path / "run"
     config = {"experiment": exp, "pool": {}, "run_path": str(run), "run_id": "budget", "task": "pendulum",
@@ -41,5 +41,5 @@ def test_lift_pretraining_never_steps_past_its_env_step_budget(tmp_path):
     finally:
         pool.close()
     df = read_metrics(run)
-    assert int(df["env_steps"].max()) == 288 and pool.env_steps == 288
+    assert int(df["env_steps"].max()) == 96 and pool.env_steps == 96
     assert "eval_return" in df and df["eval_return"].notna().iloc[-1]  # the last round still evaluates
