@@ -153,7 +153,7 @@ def test_fci_ranks_steps_like_true_influence_on_the_pretrained_model(sft_policy)
     Calibrated over five SFT models (seeds 0-4, which is what another CPU's rounding amounts to): Spearman 0.575, 0.339,
     0.394, 0.498, 0.373, so the bound is 0.25; an FCI that looked at earlier instead of later steps, or at random,
     scores <= 0. Whether FCI beats the plain "earlier steps matter more" ranking (0.37 here) differs between those
-    models, so that comparison is reported by benchmarks/attnrl.py's diagnostic, not asserted."""
+    models, so that comparison is reported by the attnrl study's gates (benchmarks/studies/attnrl/), not asserted."""
     policy, task, _ = sft_policy
     problems = task.evaluation_problems(60, seed=123, difficulties=(3, 4))
     corr = fci_influence_correlation(policy, task, problems, delta=1, transitive=False)

@@ -1,4 +1,4 @@
-"""The vidd_budget study (benchmarks/study/vidd_budget.py; issue 37): a valid plan within its core-hours, the primary and
+"""The vidd_budget study (benchmarks/studies/vidd_budget, issue 37): a valid plan within its core-hours, the primary and
 predictions named in code, the tuning rule over lr x alpha, refusal without tuning records, a tiny unit that records
 the diagnostics, and the report on synthetic records."""
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Humanoid-v5 with gymnasium's observation, reward, termination and time limit, minus its per-step Python.
 
-gymnasium's Humanoid-v5 step spends a fifth or more of its time around ``mj_step`` (benchmarks/pool_throughput.py,
+gymnasium's Humanoid-v5 step spends a fifth or more of its time around ``mj_step`` (benchmarks.pool_throughput,
 rows (a) and (c)): a fresh view of every MjData
 field on each access, a 348-float observation flattened and concatenated from six of them, two einsum mass centres,
 the info dict with a vector norm, then four wrapper layers (PassiveEnvChecker, OrderEnforcing, TimeLimit,

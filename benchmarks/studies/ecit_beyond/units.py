@@ -1,4 +1,5 @@
-"""The units of ecit_beyond (plan: ``plan.py``): the design, the sub-test null, type-I error at many subsets, and PC on Sachs."""
+"""The units of ecit_beyond (plan: ``plan.py``): the design, the sub-test null, type-I error at many subsets, and PC
+on Sachs."""
 from __future__ import annotations
 
 import time

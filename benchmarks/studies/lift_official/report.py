@@ -58,10 +58,12 @@ def start_lines(recs: dict[str, dict]) -> list[str]:
 
 def superseded_lines(out_dir: Path) -> list[str]:
     """The 200k start model's checks (``superseded/200k/``), one line each: why the start model was extended."""
-    old = {p.stem: json.loads(p.read_text()) for p in sorted((out_dir / "records" / "superseded" / "200k").glob("*.json"))}
+    superseded = out_dir / "records" / "superseded"
+    old = {p.stem: json.loads(p.read_text()) for p in sorted((superseded / "200k").glob("*.json"))}
     if not old:
         return []
-    lines = ["History (superseded, `benchmarks/studies/lift_official/records/superseded/200k/`): the 200k start model did "
+    lines = ["History (superseded, `benchmarks/studies/lift_official/records/superseded/200k/`): the 200k start model "
+             "did "
              "not hold."]
     if "check-start" in old:
         c = old["check-start"]["metrics"]
@@ -183,7 +185,8 @@ def reading(change: str, effects: dict[str, dict[str, tuple]]) -> str:
                                                          ("real_steps_to_recover_censored", "recovery"),
                                                          ("falls_per_1000", "falls"))
                 if e[key][3] != NOT_RESOLVED]
-        parts.append(f"vs {names[other]}: " + (", ".join(said) if said else "not resolved (no equivalence margin was declared)"))
+        unresolved = "not resolved (no equivalence margin was declared)"
+        parts.append(f"vs {names[other]}: " + (", ".join(said) if said else unresolved))
     return f"{change}: LIFT " + "; ".join(parts) + "."
 
 
@@ -274,13 +277,15 @@ def power_lines(recs: dict[str, dict], records: list[dict]) -> list[str]:
 
 def report(records: list[dict], out_dir: Path) -> str:
     recs = _by_name(records)
-    lines = ["## LIFT finetuning as its authors run it (`python -m benchmarks.study lift_official report`)", "", *power_lines(recs, records),
+    lines = ["## LIFT finetuning as its authors run it (`python -m benchmarks.study lift_official report`)", "",
+             *power_lines(recs, records),
              "Command (repo root): `nice -n 19 python -m benchmarks.study lift_official run`, then `python -m "
              "benchmarks.study lift_official report`.", "",
              "Walker2d-v5 with a velocity command (1.0 m/s, inside the pretraining range). One loop: every unit ran "
              "the learner a cluster job runs (`finetune_learner.run_epochs`, one rank in process). Settings beside "
              "the official code, with every departure: `algos/lift/README.md`. Schedule (declared in "
-             "`benchmarks/studies/lift_official/plan.py`): 1000-step prefill, 6 epochs of 500 real steps, H 1 -> 20 over 10 "
+             "`benchmarks/studies/lift_official/plan.py`): 1000-step prefill, 6 epochs of 500 real steps, H 1 -> 20 "
+             "over 10 "
              "epochs (LIFT's), HUPT 10 -> 100 over 4 epochs (LIFT's x0.1): LIFT does 0.4 -> 4 SAC steps per real "
              "step; LIFT's finetuning coefficients; 10 deterministic evaluation episodes per epoch. Supersedes the "
              "first Walker2d study (issue 23, "

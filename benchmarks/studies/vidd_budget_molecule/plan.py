@@ -7,7 +7,7 @@ A check, not a comparison: the task, denoiser recipe and evaluation of ``vidd_mo
 the official defaults of ``vidd_budget`` (``METHODS`` there: every reverse step distilled, batch-wide weights, one Adam
 step per batch, ``value_scheme="official"``), no tuning: both methods run at the official DNA script's lr 1e-4
 (``algos/vidd/README.md``) and VIDD at alpha 0.1 (vidd_molecule's alpha), declared here before any unit ran. Seeds 10
-and 11; evaluations at 2k, 4k, 8k and 16k queries (:data:`benchmarks.study.vidd_budget.FRACTIONS`).
+and 11; evaluations at 2k, 4k, 8k and 16k queries (:data:`benchmarks.studies.vidd_budget.plan.FRACTIONS`).
 
 Cost (~0.16 core-h declared): measured on tiny units (pretrain 20 steps, 2048 queries, these sizes otherwise, shared
 2-core machine, 2026-12-05): vidd_official 4.9 core-s (18 iterations, 3 refreshes, 4 evaluations), DDPO 16.7 core-s;
@@ -42,7 +42,8 @@ def build_units() -> list[Unit]:
                  est_core_s=COST_S["pretrain"])]
     for seed in SEEDS:
         for method, (lr, alpha) in FIXED.items():
-            plan.append(Unit(f"{method}-s{seed}", "report", method, seed, "benchmarks.studies.vidd_budget.units:budget_unit",
+            plan.append(Unit(f"{method}-s{seed}", "report", method, seed,
+                             "benchmarks.studies.vidd_budget.units:budget_unit",
                              setting={"method": method, "lr": lr, "alpha": alpha}, after=("pretrain",),
                              est_core_s=COST_S[method]))
     return plan
