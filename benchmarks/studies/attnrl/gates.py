@@ -5,23 +5,18 @@ from __future__ import annotations
 import math
 
 from benchmarks.studies.attnrl.runs import PRIMARY
+from benchmarks.study.stats import fmt_interval
 
 
-def _t(values: list[float]) -> tuple[float, float, float]:
-    from benchmarks.study.stats import t_interval
-    return t_interval(values)
-
-
-def _fmt(stat, pattern: str = "{:.3f}") -> str:
-    from benchmarks.study.stats import fmt_interval
+def fmt(stat, pattern: str = "{:.3f}") -> str:
     return fmt_interval(tuple(stat), pattern)
 
 
-def _signed(stat) -> str:
-    return _fmt(stat, "{:+.3f}")
+def signed(stat) -> str:
+    return fmt(stat, "{:+.3f}")
 
 
-def _holds(stat) -> str:
+def shown_word(stat) -> str:
     _, low, high = stat
     if not (math.isfinite(low) and math.isfinite(high)):
         return "n/a (fewer than 2 seeds)"
@@ -64,15 +59,15 @@ def gate_lines(gate: dict | None) -> list[str]:
              "|---|---|---|---|---|---|---|"]
     rows = [("all", dec["overall"])] + list(dec["by_difficulty"].items())
     for name, r in rows:
-        cells = [_signed(r[k]) for k in ("fci", "earliest", "random", "fci_minus_earliest", "fci_minus_random")]
+        cells = [signed(r[k]) for k in ("fci", "earliest", "random", "fci_minus_earliest", "fci_minus_random")]
         lines.append(f"| {name} | {r['responses']} | " + " | ".join(cells) + " |")
     if "suffix_flip" in gate:
         r = gate["suffix_flip"]
         lines += ["", f"Against flip(k) itself (positional by construction: earlier resampling redoes more steps), "
-                      f"{r['responses']} responses: FCI {_signed(r['fci'])}, earliest {_signed(r['earliest'])}, random "
-                      f"{_signed(r['random'])}."]
+                      f"{r['responses']} responses: FCI {signed(r['fci'])}, earliest {signed(r['earliest'])}, random "
+                      f"{signed(r['random'])}."]
     lines += ["", "FCI at other deltas (all difficulties): " + "; ".join(
-        f"delta {d}: FCI {_signed(r['fci'])}, FCI - earliest {_signed(r['fci_minus_earliest'])}"
+        f"delta {d}: FCI {signed(r['fci'])}, FCI - earliest {signed(r['fci_minus_earliest'])}"
         for d, r in gate["other_deltas"].items()) + "."]
     sp = gate["summary"].get("spearman", {})
     truth = [(f"FCI (delta {d})", sp.get(f"fci(d={d})~cone")) for d in (1, 2, 4)] + [
@@ -89,7 +84,7 @@ def gate_lines(gate: dict | None) -> list[str]:
         for name, v in rules.items():
             lines.append(f"| {name} | {v['in_cone']:.2f} | {v['flip']:.3f} | {v['mixed']:.3f} |")
     o = dec["overall"]
-    how = "; ".join(f"FCI - {k}: {_signed(o[f'fci_minus_{k}'])}, " + (
+    how = "; ".join(f"FCI - {k}: {signed(o[f'fci_minus_{k}'])}, " + (
         "worse" if o[f"fci_minus_{k}"][2] < 0 else "ahead" if o[f"fci_minus_{k}"][1] > 0 else "not separable at this "
         "precision") for k in ("earliest", "random"))
     verdict = ("**FCI beats both** (both paired intervals above 0)." if m["fci_beats_both"] else
@@ -122,7 +117,7 @@ def gate_probe_lines(probe: dict | None) -> list[str]:
              "FCI - earliest | FCI - random | FCI beats both |", "|---|---|---|---|---|---|---|---|---|"]
     for name, v in probe["variants"].items():
         o, im = v["decision"]["overall"], v["intervention_mean"]
-        cells = [_signed(o[k]) for k in ("fci", "earliest", "random", "fci_minus_earliest", "fci_minus_random")]
+        cells = [signed(o[k]) for k in ("fci", "earliest", "random", "fci_minus_earliest", "fci_minus_random")]
         shares = " / ".join("n/a" if im[k] is None else f"{im[k]:.2f}" for k in ("cone", "distractor"))
         lines.append(f"| {name} (`{v['task']}`) | {o['responses']} | {shares} | "
                      + " | ".join(cells) + f" | {'yes' if v['decision']['fci_beats_both'] else 'no'} |")
@@ -150,11 +145,11 @@ def deciding_gate_lines(gate: dict | None, name: str) -> list[str]:
              "| difficulty | responses | FCI | earliest first | random | FCI - earliest | FCI - random |",
              "|---|---|---|---|---|---|---|"]
     for label, r in [("all", dec["overall"])] + list(dec["by_difficulty"].items()):
-        cells = [_signed(r[k]) for k in ("fci", "earliest", "random", "fci_minus_earliest", "fci_minus_random")]
+        cells = [signed(r[k]) for k in ("fci", "earliest", "random", "fci_minus_earliest", "fci_minus_random")]
         lines.append(f"| {label} | {r['responses']} | " + " | ".join(cells) + " |")
     lines += ["", "Other deltas (all difficulties): " + "; ".join(
-        f"delta {d}: FCI {_signed(r['fci'])}, FCI - earliest {_signed(r['fci_minus_earliest'])}, FCI - random "
-        f"{_signed(r['fci_minus_random'])}" for d, r in gate["other_deltas"].items()) + "."]
+        f"delta {d}: FCI {signed(r['fci'])}, FCI - earliest {signed(r['fci_minus_earliest'])}, FCI - random "
+        f"{signed(r['fci_minus_random'])}" for d, r in gate["other_deltas"].items()) + "."]
     lines.append("")
     lines.append("**FCI beats both: the RL units run.**" if m["fci_beats_both"] else
                  "**FCI does not beat both.** Since issue 38 the RL units run anyway, as the mechanism-absent control: "
@@ -167,10 +162,10 @@ def failed_gate_reading(gate: dict, probe: dict | None) -> list[str]:
     """What a failed deciding gate says, read off its numbers (and the second look's, when there is one)."""
     o, im = gate["decision"]["overall"], gate["intervention_mean"]
     at_chance = o["fci"][1] <= 0 <= o["fci"][2]
-    lines = [f"- FCI's rank agreement with the steps' measured influence is {_signed(o['fci'])} over {o['responses']} "
-             f"responses against a chance level of {_signed(o['random'])}"
+    lines = [f"- FCI's rank agreement with the steps' measured influence is {signed(o['fci'])} over {o['responses']} "
+             f"responses against a chance level of {signed(o['random'])}"
              + (": indistinguishable from chance" if at_chance else "") +
-             f"; earliest-first scores {_signed(o['earliest'])}, so FCI - earliest ({_signed(o['fci_minus_earliest'])}) "
+             f"; earliest-first scores {signed(o['earliest'])}, so FCI - earliest ({signed(o['fci_minus_earliest'])}) "
              "says FCI is less tied to position than pure earliness, not that it finds the influential steps.",
              f"- The measurement is not what failed: forced changes move the answer at {im['cone'] or 0:.2f} of the "
              f"cone steps and {im['distractor'] or 0:.2f} of the distractors, so the influence being ranked is sharp "

@@ -10,10 +10,11 @@ import math
 import statistics
 from pathlib import Path
 
-from benchmarks.studies.attnrl.gates import (_fmt, _holds, _signed, _t, deciding_gate_lines, failed_gate_reading,
-                                             gate_lines, gate_probe_lines, sft_lines)
+from benchmarks.studies.attnrl.gates import (deciding_gate_lines, failed_gate_reading, fmt, gate_lines,
+                                             gate_probe_lines, sft_lines, shown_word, signed)
 from benchmarks.studies.attnrl.runs import PRIMARY, interpolate, late_mean
 from benchmarks.study.core import REPORTED_SEEDS
+from benchmarks.study.stats import paired, t_interval
 
 
 TITLE = "## AttnRL vs GRPO and branching controls on the cone task (`python -m benchmarks.study attnrl`)"
@@ -22,8 +23,10 @@ PLOT = "attnrl.png"
 # Issue 38's second model for the gate (a unit-token 4-layer model), archived with its records: its summary, as its
 # report wrote it from them.
 ARCHIVED_SECOND_GATE = (
-    "**Second gate model** (unit tokens, 4 layers, `attnrl_units`, archived in `benchmarks/studies/archive/attnrl_units/`): "
-    "FCI -0.034 [-0.073, +0.004], FCI - earliest +0.025 [+0.012, +0.038], FCI - random -0.035 [-0.074, +0.003] over 544 "
+    "**Second gate model** (unit tokens, 4 layers, `attnrl_units`, archived in "
+    "`benchmarks/studies/archive/attnrl_units/`): "
+    "FCI -0.034 [-0.073, +0.004], FCI - earliest +0.025 [+0.012, +0.038], FCI - random -0.035 "
+    "[-0.074, +0.003] over 544 "
     "responses. **FCI does not beat both orderings on the unit-token model either: its RL units never ran, and the "
     "attnrl study's mechanism-absent control reading stands.**")
 ORDER = ("attnrl", "grpo", "entropy_tree", "attn_tree", "earliest_tree", "random_tree", "oracle_tree",
@@ -77,7 +80,7 @@ def _late(r: dict, tokens: float, key: str = PRIMARY) -> float:
 
 
 def _ms(values: list[float], pattern: str = "{:.3f}") -> str:
-    return _fmt(_t(values), pattern) if values else "-"
+    return fmt(t_interval(values), pattern) if values else "-"
 
 
 def main_tables(by: dict, matched: dict) -> tuple[list[str], dict]:
@@ -106,7 +109,6 @@ def main_tables(by: dict, matched: dict) -> tuple[list[str], dict]:
                      f"{_ms(late('greedy_longest'))} | {_ms(late('greedy'))} | " + " | ".join(by_d) +
                      f" | {_ms(late('updates'), '{:.0f}')} | "
                      f"{_ms([r['run']['generated_tokens'] for r in rs], '{:.0f}')} |")
-    from benchmarks.study.stats import paired
     lines += ["", "Seed-paired differences of the primary metric (a - b over the seeds both have):", "",
               "| a - b | would show | seeds | per seed | mean [95 % t-interval] | verdict |",
               "|---|---|---|---|---|---|"]
@@ -119,7 +121,7 @@ def main_tables(by: dict, matched: dict) -> tuple[list[str], dict]:
         stats[(a, b)] = st
         lines.append(f"| {a} - {b} | {claim} | {len(common)} | " +
                      ", ".join(f"{primary[a][s] - primary[b][s]:+.3f}" for s in common) +
-                     f" | {_signed(st)} | {_holds(st)} |")
+                     f" | {signed(st)} | {shown_word(st)} |")
     lines += ["", "Tokens and updates to reach GRPO's final accuracy (GRPO's last-quarter mean of the same seed; first "
                   "evaluation at or above it; per seed), and cost:", "",
               "| method | reach: updates / tokens per seed | train CPU-s per run | generated tokens per train CPU-s | "
@@ -181,10 +183,11 @@ def prediction_outcome(stat: tuple[float, float, float], rule: str, seeds: int, 
 
 def prediction_lines(primary: dict[str, dict[int, float]], predictions: dict, planned_seeds: int) -> list[str]:
     """Each prediction beside what happened: its paired interval, and held / did not hold / pending."""
-    from benchmarks.study.stats import paired
-    lines = ["Predictions, written into the study's code (`PREDICTIONS` in benchmarks/studies/attnrl/plan.py, with the reason "
+    lines = ["Predictions, written into the study's code (`PREDICTIONS` in "
+             "benchmarks/studies/attnrl/plan.py, with the reason "
              "for each) before any RL unit ran, beside what happened (primary metric, a - b seed-paired over the "
-             "reported seeds both methods have, mean [95 % t-interval]). No prediction declared an equivalence margin, so a "
+             "reported seeds both methods have, mean [95 % t-interval]). No prediction declared an "
+             "equivalence margin, so a "
              "\"no difference\" prediction whose interval spans 0 is not resolved, not held:", "",
              "| | prediction | a - b | seeds | mean [95 % t-interval] | beside it | outcome |",
              "|---|---|---|---|---|---|---|"]
@@ -197,8 +200,8 @@ def prediction_lines(primary: dict[str, dict[int, float]], predictions: dict, pl
     for key, (statement, declared, _reason) in predictions.items():
         a, b, rule = PREDICTION_RULES[key]
         st, n = stat_of(a, b)
-        beside = "; ".join(f"{x} - {y}: {_signed(stat_of(x, y)[0])}" for x, y in PREDICTION_CONTEXT.get(key, ()))
-        lines.append(f"| {key} | {statement} (declared: `{declared}`) | {a} - {b} | {n} | {_signed(st)} | "
+        beside = "; ".join(f"{x} - {y}: {signed(stat_of(x, y)[0])}" for x, y in PREDICTION_CONTEXT.get(key, ()))
+        lines.append(f"| {key} | {statement} (declared: `{declared}`) | {a} - {b} | {n} | {signed(st)} | "
                      f"{beside or '-'} | {prediction_outcome(st, rule, n, planned_seeds)} |")
     return lines
 
@@ -215,9 +218,10 @@ def power_lines(by: dict, matched: dict, stats: dict) -> list[str]:
                for m in ("attnrl", "grpo")}
     gap = stats.get(("attnrl", "grpo"))
     lines = [f"**This study does not test the paper's claim.** RL barely moved the model: the SFT model scores "
-             f"{sft:.3f} on the primary metric, the best method ({best_m}) {best:.3f}; in ~200k generated tokens AttnRL "
+             f"{sft:.3f} on the primary metric, the best method ({best_m}) {best:.3f}; in ~200k "
+             f"generated tokens AttnRL "
              f"made {updates['attnrl']:.0f} updates, GRPO {updates['grpo']:.0f}. AttnRL - GRPO is "
-             + (f"{_signed(gap)}" if gap else "pending") + ", an interval as wide as any effect this budget could "
+             + (f"{signed(gap)}" if gap else "pending") + ", an interval as wide as any effect this budget could "
              "give, and no equivalence margin was declared, so \"no difference\" is not resolved either way. The "
              "deciding FCI gate failed (below): FCI ranks steps at chance on this model, so the RL table is a "
              "control without the mechanism. P1 (attn_tree = earliest_tree) holds by construction: with FCI at "
@@ -290,7 +294,7 @@ def reading_lines(gate: dict | None, stats: dict, done: int, planned: int, probe
     def say(a: str, b: str, text: str) -> None:
         st = stats.get((a, b))
         if st is not None:
-            lines.append(f"- {text}: {_signed(st)}, {_holds(st)}.")
+            lines.append(f"- {text}: {signed(st)}, {shown_word(st)}.")
 
     say("attnrl", "grpo", "AttnRL vs GRPO at equal tokens (the paper's claim)")
     say("attnrl", "entropy_tree", "AttnRL vs entropy branching")
@@ -372,7 +376,6 @@ def study_claims(results_dir: Path | None = None) -> list[dict]:
     and vs entropy branching at equal generated tokens, seed-paired over the reported seeds; a pending study says so
     instead of a verdict, and after a failed FCI gate every row says the seeds ran as the mechanism-absent control."""
     from benchmarks.study.records import RESULTS, load_records
-    from benchmarks.study.stats import paired
     records = load_records(results_dir or RESULTS / "attnrl" / "records")
     units = {r["unit"]: r for r in records}
     where = f"study: benchmarks/RESULTS.md, \"{TITLE.removeprefix('## ').split(' (')[0]}\""
@@ -397,7 +400,7 @@ def study_claims(results_dir: Path | None = None) -> list[dict]:
         b_s = {s: _late(r, matched[s]) for s, r in by[b].items()}
         st = paired(a_s, b_s)
         out.append({"paper": "AttnRL", "claim": claim,
-                    "observed": f"{note}attnrl - {b}: {_signed(st)} (seeds {sorted(set(a_s) & set(b_s))}, 95 % "
+                    "observed": f"{note}attnrl - {b}: {signed(st)} (seeds {sorted(set(a_s) & set(b_s))}, 95 % "
                                 "t-interval)",
-                    "holds": f"{_holds(st)}{', without FCI (control)' if control else ''} ({where})"})
+                    "holds": f"{shown_word(st)}{', without FCI (control)' if control else ''} ({where})"})
     return out
