@@ -74,7 +74,11 @@ def gate_verdict(reference: float, zero_shot: float, keep: float = plan.GATE_KEE
 
 
 def run_gate(ctx: UnitContext) -> dict:
-    check = ctx.records()["check-start"]["metrics"]
+    records = ctx.records()
+    why = refusal(records, "nochange")  # the start model's verdict alone: a failed hold stops the study here
+    if why is not None:
+        raise StudyError(f"lift_command/{ctx.unit.name}: refused: {why}")
+    check = records["check-start"]["metrics"]
     act = policy(ctx)
     condition = ctx.setting["condition"]
     if condition == "command":
