@@ -7,9 +7,9 @@ Steps (AttnRL Sec. 3.1.1): the prompt is step 0; a response step ends right afte
 never opens a step of its own. Step-to-step attention ``alpha[l, h, j, k]`` is the mean, over query tokens of step
 ``j`` and key tokens of step ``k``, of the softmax attention of layer ``l``, head ``h``. :func:`generate` accumulates
 it from the attention rows that the KV-cached decoding pass produces anyway, so a rollout worker returns FCI (or any
-``step_score_fn`` of ``alpha``) without a second forward pass; ``forward_scores`` (:mod:`algos.attnrl.scoring`, re-exported here) gives
-the same quantities by teacher forcing on the learner side, in chunks of at most ``Policy.max_tokens_per_forward``
-padded tokens.
+``step_score_fn`` of ``alpha``) without a second forward pass; ``forward_scores`` (:mod:`algos.attnrl.scoring`,
+re-exported here) gives the same quantities by teacher forcing on the learner side, in chunks of at most
+``Policy.max_tokens_per_forward`` padded tokens.
 """
 
 from __future__ import annotations

@@ -190,5 +190,6 @@ def logprob_call(setup: HFSetup, device: str, sequences: int = 8, response: int 
         return ok, (f"{sequences}x{response} tokens, vocab {setup.embedding}, chunk {chunk}: peak {size(peak)} "
                     f"({'CUDA allocator' if device.startswith('cuda') else 'allocations counted by dispatch'}) vs "
                     f"must hold {size(must_hold)} (logits {logits_dtype} {size(logits)} + 3 chunk rows fp32): "
-                    f"{peak / must_hold:.2f}x (bound {PEAK_BOUND}x; one full fp32 copy {size(rows * setup.embedding * 4)})")
+                    f"{peak / must_hold:.2f}x (bound {PEAK_BOUND}x; one full fp32 copy "
+                    f"{size(rows * setup.embedding * 4)})")
     return run_row("attnrl learner log-prob call: peak memory", check)

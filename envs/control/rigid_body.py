@@ -2,8 +2,9 @@
 
 Built once from an ``mjModel`` (body tree, joint types and axes, inertias, armature, damping, stiffness/springref,
 gear) or from those tables exported without MuJoCo in reach (``envs.control.rigid_body_tables``: this module never
-imports MuJoCo, so a machine without it runs the prior from a saved ``.npz``), then evaluated for a batch of (qpos, qvel, ctrl) on the states' own device and dtype, differentiably, with no
-Python loop over states (only over the few bodies and dofs of the tree).
+imports MuJoCo, so a machine without it runs the prior from a saved ``.npz``), then evaluated for a batch of (qpos,
+qvel, ctrl) on the states' own device and dtype, differentiably, with no Python loop over states (only over the few
+bodies and dofs of the tree).
 
 Why hand-written (issue 41): ``mujoco-torch`` (a PyTorch port of MJX) does not import with the installed MuJoCo 4.0,
 and ``mujoco-warp`` runs on Warp's CPU device in float32 only, so it cannot meet the 1e-6 float64 equality with
@@ -66,13 +67,10 @@ import torch
 
 from envs.control.rigid_body_algebra import (cross, frame_compose, frame_times, normalized, point, quat_log,
                                              quat_mul, quat_to_frame)
-from envs.control.rigid_body_tables import BALL as _BALL
-from envs.control.rigid_body_tables import BIAS_AFFINE, ModelTables
-from envs.control.rigid_body_tables import FREE as _FREE
-from envs.control.rigid_body_tables import HINGE as _HINGE
-from envs.control.rigid_body_tables import SLIDE as _SLIDE
+from envs.control.rigid_body_tables import BALL, BIAS_AFFINE, FREE, HINGE, SLIDE, ModelTables
 
 Tensor = torch.Tensor
+_FREE, _BALL, _SLIDE, _HINGE = FREE, BALL, SLIDE, HINGE
 
 
 # ---------------------------------------------------------------------------------------------- the model
