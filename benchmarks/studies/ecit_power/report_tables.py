@@ -28,8 +28,9 @@ def tuning_lines(tunes: dict[str, dict], tuned: dict | None) -> list[str]:
     effects = sorted({float(e) for r in tunes.values() for k in ks for e in r["metrics"].get(k, {})})
     out = [f"**Tuning** (seeds {', '.join(str(r['seed']) for r in sorted(tunes.values(), key=lambda r: r['seed']))}"
            + ("" if tuned else ", **partial**") + "): kci_lp + stable1.75 power on alternative datasets of 64000 rows "
-           "cut into 160 subsets; K = 10 / 40 / 160 combine disjoint groups of them. This is also the fixed-effect "
-           "view across K (tuning seeds, not a reported result).", "",
+           "cut into 160 subsets; K = 10 / 40 / 160 combine disjoint groups of them (16 / 4 / 1 per draw: the trials "
+           "cluster by draw, and a draw's functions set much of its power, so the intervals below are too narrow). "
+           "This is also the fixed-effect view across K (tuning seeds, not a reported result).", "",
            "| effect | " + " | ".join(f"K = {k}" for k in ks) + " |", "|---" * (len(ks) + 1) + "|"]
     for e in effects:
         cells = []
