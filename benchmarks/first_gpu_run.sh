@@ -14,8 +14,9 @@ mkdir -p "$out"
 cd "$(dirname "$0")/.." || exit 1
 export PYTHONUNBUFFERED=1 OMP_NUM_THREADS=${OMP_NUM_THREADS:-4} TOKENIZERS_PARALLELISM=false
 python=${PYTHON:-python3}
-{ nvidia-smi -L 2>/dev/null || echo "no nvidia-smi"; "$python" -c 'import sys, torch; print(sys.version.split()[0], torch.__version__, "cuda", torch.cuda.is_available())'; } \
-    2>&1 | tee "$out/log.txt"
+{ nvidia-smi -L 2>/dev/null || echo "no nvidia-smi"
+  "$python" -c 'import sys, torch; print(sys.version.split()[0], torch.__version__, "cuda", torch.cuda.is_available())'
+} 2>&1 | tee "$out/log.txt"
 start=$(date +%s)
 timeout 170 "$python" -m benchmarks.gpu --device "${DEVICE:-cuda}" --out "$out" 2>&1 | tee -a "$out/log.txt"
 status=${PIPESTATUS[0]}

@@ -18,8 +18,8 @@ two Ray Train workers sharing the GPU (0.4 GPU each, gloo on CUDA tensors: NCCL 
   Every row asserts exit 0, the DDP replicas identical (``param_max_abs_diff`` 0; AttnRL fails by itself when its
   ranks' digests differ), the precision ``bf16: auto`` chose on the learners' GPU, and what it is there to show.
 Each row prints one line; the exit status is 1 if any row failed (or, on a GPU, did not run), 2 without CUDA for
-``--device cuda`` (nothing checked). ``tests/test_gpu_check.py`` puts known bugs back and sees rows fail; ``tests/test_readme_commands.py``
-validates the configs.
+``--device cuda`` (nothing checked). ``tests/test_gpu_check.py`` puts known bugs back and sees rows fail;
+``tests/test_readme_commands.py`` validates the configs.
 """
 from __future__ import annotations
 
