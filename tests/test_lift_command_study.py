@@ -112,3 +112,41 @@ def test_the_report_renders_partial_records(tmp_path):
     stopped = {**pretrain, "metrics": {**pretrain["metrics"], "holds": False,
                                        "hold": plan.hold_verdict([1000.0, 2900.0, 2000.0])}}
     assert "does not hold: the study stops here" in report.report([stopped], tmp_path)
+
+
+@pytest.mark.slow
+def test_the_stage_and_the_units_run_end_to_end_at_a_tiny_size(tmp_path):
+    """The pretraining stage (the learner users run, paused by its deadline and resumed), stage 2 on its Parquet
+    replay, then check-start, a gate and a no-change method unit through the runner's inline helper. The tiny start
+    model's evaluations cannot hold, so the record is rewritten to a held curve to reach the later units; its own
+    verdict is checked first."""
+    import json
+
+    from benchmarks.study.runner import run_unit_inline
+    from benchmarks.studies.lift_command import STUDY
+    tiny = {"learner": {"sac": {"min_replay_size": 128, "batch_size": 32, "num_envs": 4}, "eval_every_steps": 160,
+                        "checkpoint_every_updates": 10_000, "parquet_chunk": 128, "total_env_steps": 480},
+            "exp": {"wm_pretrain_steps": 20, "wm_eval_every": 10}, "reserve_s": 0.0, "stage2_fit_s": 1.0,
+            "gate_episodes": 1, "epochs": 1, "fixed_steps": (100, 200)}
+    record = None
+    for call in range(6):
+        record = run_unit_inline(STUDY, "pretrain", tmp_path, overrides=tiny, call_s=8.0 if call == 0 else 600.0)
+        if record is not None:
+            break
+    assert record is not None and record["metrics"]["env_steps"] == 480 and record["calls"] >= 2
+    assert record["metrics"]["hold"]["holds"] is plan.hold_verdict(record["curves"]["eval_return"])["holds"]
+    assert record["metrics"]["learner_cpu_s"] > 0 and set(record["metrics"]["stage2"]) == {"physics"}
+    path = tmp_path / "lift_command" / "records" / "pretrain.json"
+    held = json.loads(path.read_text())
+    held["curves"]["eval_return"] = [300.0, 300.0, 300.0]
+    path.write_text(json.dumps(held))
+    check = run_unit_inline(STUDY, "check-start", tmp_path, overrides=tiny)
+    assert check["metrics"]["holds"] and check["metrics"]["edge_return"] > 0
+    gate = run_unit_inline(STUDY, "gate-command", tmp_path, overrides=tiny)
+    assert gate["metrics"]["reference_return"] == check["metrics"]["edge_return"]
+    units_tiny = {**tiny, "exp": {"real_steps_per_epoch": 100, "prefill_steps": 100, "eval_episodes": 1,
+                                  "hupt_schedule": [0, 1, 1, 2], "rollout_batch": 32, "wm_retrain_steps": 10}}
+    lift = run_unit_inline(STUDY, "nochange-lift-s10", tmp_path, overrides=units_tiny)
+    assert lift["curves"]["real_steps"] == [0, 200] and lift["metrics"]["stochastic_requests"] == 0
+    assert lift["metrics"]["reference_return"] == check["metrics"]["in_range_return"]
+    assert lift["metrics"]["sac_steps_per_real_step_last_epoch"] == pytest.approx(1 * 20 / 100)  # HUPT(0) x 20

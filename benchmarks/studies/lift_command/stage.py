@@ -43,7 +43,10 @@ def learner_config(ctx: UnitContext, run_path: Path) -> dict[str, Any]:
 def eval_curve(run_path: Path) -> tuple[list[int], list[float], dict[str, Any]]:
     """(env steps, evaluation returns, last row's counters) from the learner's metric rows."""
     from cluster.metrics import read_metrics
-    df = read_metrics(run_path)
+    try:
+        df = read_metrics(run_path)
+    except FileNotFoundError:  # paused before its first round: no metric row yet
+        return [], [], {"env_steps": 0, "updates": 0}
     ev = df.dropna(subset=["eval_return"]) if "eval_return" in df else df.iloc[:0]
     last = df.iloc[-1]
     return ([int(v) for v in ev["env_steps"]], [float(v) for v in ev["eval_return"]],
