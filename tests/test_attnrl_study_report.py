@@ -80,6 +80,16 @@ def test_predictions_pending_while_seeds_are_missing(tmp_path):
     assert "No reported RL unit" in none_yet and "pending (0 of 5 seeds)" in _row(none_yet, "P4")
 
 
+def test_the_first_paragraph_says_what_the_study_can_show(tmp_path):
+    """A failed deciding gate makes the RL table a control: the report says first that the claim is not tested; with
+    the gate passed it states only how far RL moved the model and that "no difference" is not resolved."""
+    control = rep_report.report(_records(), tmp_path).splitlines()[2]
+    assert control.startswith("**This study does not test the paper's claim.**") and "by construction" in control
+    passed = rep_report.report([_gate(True)] + _records()[1:], tmp_path).splitlines()[2]
+    assert passed.startswith("RL barely moved the model") and "does not test" not in passed
+    assert "attnrl - grpo" not in passed.lower() or "not resolved" in passed
+
+
 def test_claim_rows_say_the_control_ran(tmp_path):
     for r in _records():
         (tmp_path / f"{r['unit']}.json").write_text(json.dumps(r))
