@@ -17,7 +17,8 @@ import argparse
 import torch
 
 from algos.attnrl.gpt import GPT, GPTConfig
-from algos.attnrl.lm import GenerationRequest, Policy, forward_scores, generate
+from algos.attnrl.lm import GenerationRequest, Policy, generate
+from algos.attnrl.scoring import forward_scores
 from algos.precision import bf16_native
 from envs.reasoning.task import CharTokenizer
 

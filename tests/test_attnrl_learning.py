@@ -26,7 +26,7 @@ import pytest
 import torch
 
 from algos.attnrl.config import RLConfig
-from algos.attnrl.lm import forward_scores
+from algos.attnrl.scoring import forward_scores
 from algos.attnrl.train import train
 from envs.reasoning.task import ReasoningTask, ReasoningTaskConfig
 

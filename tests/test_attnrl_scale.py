@@ -12,7 +12,8 @@ import torch
 
 from algos.attnrl.config import METHODS, RLConfig
 from algos.attnrl.gpt import GPT, GPTConfig
-from algos.attnrl.lm import GenerationRequest, Policy, chunk_by_tokens, forward_scores
+from algos.attnrl.lm import GenerationRequest, Policy
+from algos.attnrl.scoring import chunk_by_tokens, forward_scores
 from algos.attnrl.ppo import TrainSequence, UpdateContext, follow_updates, ppo_update, stop_followers
 from envs.reasoning.task import CharTokenizer, ReasoningTask, ReasoningTaskConfig
 from experiments.attnrl.pool_generation import PoolGenerator, RecordingTask
@@ -186,7 +187,8 @@ def _pool_run(method: str, log_dir: Path, stop_at: int | None = None, resume: di
                          optimizer=copy.deepcopy(context.optimizer.state_dict()), calls=len(gen.calls),
                          tokens=gen.generated_tokens, rows=len(rows))
 
-    cfg = RLConfig(prompts_per_batch=2, max_prompts_per_batch=4, token_budget=3000, max_response_tokens=20, seed=0,
+    # short responses: a batch's worst case (what the budget reserves) stays small, so 3000 tokens buy >= 4 updates
+    cfg = RLConfig(prompts_per_batch=2, max_prompts_per_batch=4, token_budget=3000, max_response_tokens=12, seed=0,
                    lr=3e-3)
     train(method, policy, ref, gen.task, cfg, generate_fn=gen, log_fn=log_fn)
     return rows, saved, policy, gen

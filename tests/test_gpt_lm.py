@@ -10,7 +10,8 @@ import torch
 from algos.attnrl.diagnostics import fci_influence_correlation
 from algos.attnrl.fci import fci_scores
 from algos.attnrl.gpt import GPT, GPTConfig
-from algos.attnrl.lm import GenerationRequest, Policy, forward_scores, generate, load_hf_policy
+from algos.attnrl.lm import GenerationRequest, Policy, generate, load_hf_policy
+from algos.attnrl.scoring import forward_scores
 from envs.reasoning.task import CharTokenizer, ReasoningTask, step_influence
 
 

@@ -105,7 +105,7 @@ def _logprob_inputs(B=4, T=20, R=12, V=50, seed=0):
 
 @pytest.mark.parametrize("temperature", [1.0, 0.7, 0.0])
 def test_chunked_logprobs_equal_the_direct_computation_with_gradients(temperature):
-    from algos.attnrl.lm import token_logprobs
+    from algos.attnrl.scoring import token_logprobs
     logits, gather_pos, targets, mask = _logprob_inputs()
     want_lp, want_ent = _direct_scores(logits, gather_pos, targets, mask, temperature)
     x = logits.clone().requires_grad_(True)
@@ -121,7 +121,7 @@ def test_chunked_logprobs_equal_the_direct_computation_with_gradients(temperatur
 def test_logprob_temporaries_are_bounded_by_chunk_times_vocab():
     """Every tensor made while scoring (forward with and without gradients, and the backward's recomputation) is at
     most chunk x vocab, besides the logits' own gradient; the direct computation makes (B, R, V) copies."""
-    from algos.attnrl.lm import token_logprobs
+    from algos.attnrl.scoring import token_logprobs
     logits, gather_pos, targets, mask = _logprob_inputs()
     B, R, V = gather_pos.shape[0], gather_pos.shape[1], logits.shape[-1]
     chunk = 3
@@ -160,7 +160,8 @@ def _learner_logprob_peak(monkeypatch, B=4, P=8, R=64, V=512, chunk=16) -> tuple
     from types import SimpleNamespace
 
     from algos.attnrl import scoring
-    from algos.attnrl.lm import Policy, forward_scores
+    from algos.attnrl.lm import Policy
+    from algos.attnrl.scoring import forward_scores
     from benchmarks.gpu.memory import PeakMemory
     monkeypatch.setattr(scoring, "LOGPROB_CHUNK_ROWS", chunk)
     codec = SimpleNamespace(pad_id=0, eos_id=1, delimiter_ids=frozenset({2}))
@@ -237,7 +238,7 @@ def test_the_image_copies_every_file_the_venv_setup_reads():
 
 
 def test_logprobs_of_no_response_token_are_zeros_in_the_graph():
-    from algos.attnrl.lm import token_logprobs
+    from algos.attnrl.scoring import token_logprobs
     logits, gather_pos, targets, mask = _logprob_inputs()
     x = logits.clone().requires_grad_(True)
     lp, ent = token_logprobs(x, gather_pos, targets, torch.zeros_like(mask), 1.0, chunk_rows=5)

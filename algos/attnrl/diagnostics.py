@@ -8,7 +8,8 @@ from typing import Sequence
 import torch
 
 from algos.attnrl.fci import fci_scores
-from algos.attnrl.lm import GenerationRequest, Policy, forward_scores, generate
+from algos.attnrl.lm import GenerationRequest, Policy, generate
+from algos.attnrl.scoring import forward_scores
 
 
 def spearman(x: Sequence[float], y: Sequence[float]) -> float:

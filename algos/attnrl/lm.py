@@ -341,14 +341,4 @@ def load_hf_policy(path: str, delimiter: str = "\n", autocast_bf16: bool = False
 
 
 # Teacher-forced scoring (the learner's log-probs) lives in algos.attnrl.scoring, which uses this module's forward
-# pass; its names stay importable from here, where every caller has always found them (looked up on first use, so
-# either module may be imported first).
-_SCORING_NAMES = frozenset({"LOGPROB_CHUNK_ROWS", "SequenceScores", "chunk_by_tokens", "forward_scores",
-                            "score_logits", "token_logprobs"})
-
-
-def __getattr__(name: str):
-    if name in _SCORING_NAMES:
-        from algos.attnrl import scoring
-        return getattr(scoring, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+# pass.

@@ -21,7 +21,8 @@ from typing import Any, Callable, Sequence
 import torch
 
 from algos.attnrl.config import RLConfig
-from algos.attnrl.lm import Policy, chunk_by_tokens, forward_scores
+from algos.attnrl.lm import Policy
+from algos.attnrl.scoring import chunk_by_tokens, forward_scores
 
 
 @dataclass

@@ -22,7 +22,8 @@ from typing import Callable, Sequence
 import torch
 
 from algos.attnrl.gpt import GPT, GPTConfig
-from algos.attnrl.lm import GenerationRequest, Policy, forward_scores, generate
+from algos.attnrl.lm import GenerationRequest, Policy, generate
+from algos.attnrl.scoring import forward_scores
 
 log = logging.getLogger(__name__)
 

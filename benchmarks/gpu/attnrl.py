@@ -169,7 +169,7 @@ def logprob_call(setup: HFSetup, device: str, sequences: int = 8, response: int 
     must hold, the model's logits plus one chunk's three (rows, vocab) fp32 working arrays. Taking the log-softmax of
     all gathered positions at once (issue 39 #6) holds ~4 fp32 copies of (sequences, response, vocab) besides."""
     def check():
-        from algos.attnrl.lm import forward_scores
+        from algos.attnrl.scoring import forward_scores
         policy = load_policy(setup, device)
         g = torch.Generator().manual_seed(0)
         prompts = torch.randint(0, setup.vocab, (sequences, prompt), generator=g).tolist()

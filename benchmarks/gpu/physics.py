@@ -1,7 +1,7 @@
 """LIFT's batched rigid-body prior on the device against MuJoCo's own terms, with no MuJoCo on the device.
 
 The lent image has no MuJoCo, so what the row needs from it travels in the working tree: ``TABLES`` holds, for a
-model with every joint kind (``tests/test_rigid_body.py``'s hand-made one) and for Humanoid-v5, the model's tables
+model with every joint kind (``envs/control/joint_kinds.py``) and for Humanoid-v5, the model's tables
 (``envs.control.rigid_body_tables.ModelTables``), random states, and MuJoCo's M, qfrc_bias, qfrc_passive and
 qfrc_actuator at each state (its per-state loop, ``MujocoPrior.numpy_terms``). The row builds
 ``RigidBodyDynamics`` from the tables, computes the terms on the device, and compares them with MuJoCo's: 1e-6
@@ -69,7 +69,7 @@ def export(path: Path = TABLES) -> None:
 
     from envs.control.mujoco_prior import MujocoPrior
     from envs.control.rigid_body_tables import ModelTables
-    from tests.test_rigid_body import HAND_XML, random_states
+    from envs.control.joint_kinds import HAND_XML, random_states
     models = {"hand": mujoco.MjModel.from_xml_string(HAND_XML), "humanoid": gym.make("Humanoid-v5").unwrapped.model}
     arrays: dict[str, np.ndarray] = {"models": np.array(sorted(models)), "mujoco_version": np.array(mujoco.__version__)}
     for name, model in models.items():

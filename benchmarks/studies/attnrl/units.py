@@ -130,7 +130,7 @@ def head_correlations(policy, task, problems, delta: int) -> dict[str, float]:
 
     from algos.attnrl.diagnostics import spearman
     from algos.attnrl.fci import later_attention
-    from algos.attnrl.lm import forward_scores
+    from algos.attnrl.scoring import forward_scores
     codec = policy.codec
     with torch.no_grad():
         alphas = forward_scores(policy, [codec.encode(p.prompt) for p in problems],
