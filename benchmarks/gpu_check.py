@@ -103,7 +103,7 @@ def steps(runs: Path, hf_dir: Path | None) -> list[Step]:
               "experiment.best_of_n_outputs=128"], 130, "vidd", ["stage0_on_gpu"]),
         Step("attnrl (HF, 150k vocab)", "attnrl",
              ["experiment=attnrl", "experiment.methods=[attnrl]", *hf, "experiment.sft.max_steps=10",
-              "experiment.rl.token_budget=20000", "experiment.rl.max_updates=4", "experiment.eval_every_updates=2",
+              "experiment.rl.token_budget=451200", "experiment.rl.max_updates=4", "experiment.eval_every_updates=2",
               "experiment.eval_problems_per_difficulty=4", "experiment.sft.eval_problems_per_difficulty=4"],
              130, "attnrl", ["stage0_on_gpu"], needs_hf=True, replicas_in_metrics=False),
     ]

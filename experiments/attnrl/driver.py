@@ -36,16 +36,20 @@ def loop_config(cfg: dict, ctx, method: str, sft_path: Path) -> dict:
             "method": method, "seed": cfg["seed"], "torch_threads": cfg["torch_threads"], "sft_path": str(sft_path)}
 
 
-def method_summary(df, method: str) -> dict[str, Any]:
+def method_summary(df, method: str, token_budget: int) -> dict[str, Any]:
+    """One method's results; ``budget_share`` is the share of ``token_budget`` it generated (at most 1: a batch
+    that could cross the budget never starts, so a study sees the shortfall here)."""
     rows = df[df["method_id"] == METHODS.index(method)]
     ev = rows.dropna(subset=["eval_accuracy"])
     last = ev.iloc[-1]
     diff_cols = sorted((c for c in ev.columns if c.startswith("eval_acc_d")), key=lambda c: int(c[10:]))
     updates = rows[rows["step"] > 0]
     valid = updates["valid_prompt_ratio"].dropna() if "valid_prompt_ratio" in updates else []
+    tokens = int(rows["generated_tokens"].max())
     return {"accuracy": float(last["eval_accuracy"]),
             "accuracy_by_difficulty": {c[10:]: float(last[c]) for c in diff_cols if not math.isnan(last[c])},
-            "generated_tokens": int(rows["generated_tokens"].max()), "steps": int(rows["policy_version"].max()),
+            "generated_tokens": tokens, "budget_share": tokens / token_budget,
+            "steps": int(rows["policy_version"].max()),
             "valid_ratio": float(valid.mean()) if len(valid) else float("nan"),
             "wall_s": float(rows["wall_s"].max())}
 
@@ -67,14 +71,16 @@ def run(cfg: dict, ctx) -> dict[str, Any]:
         fit(train_fn, loop_config(cfg, ctx, method, sft_path), name=f"learner-{method}",
             storage_path=ctx.run_dir.checkpoints, train=ctx.typed["train"])
     df = read_metrics(run_path)
+    budget = exp.rl_config(exp.run_methods[0], cfg["seed"]).token_budget
     summary: dict[str, Any] = {
         "sft": {"accuracy": sft_acc, "accuracy_by_difficulty": {str(d): a for d, a in sft_by_d.items()}},
-        "methods": {m: method_summary(df, m) for m in exp.run_methods},
-        "token_budget": exp.rl_config(exp.run_methods[0], cfg["seed"]).token_budget,
+        "methods": {m: method_summary(df, m, budget) for m in exp.run_methods},
+        "token_budget": budget,
     }
     summary["plots"] = plot_results(run_path, df, summary)
     for m, s in summary["methods"].items():
         print(f"AttnRL {m}: accuracy {s['accuracy']:.3f} (SFT {sft_acc:.3f}) after {s['steps']} updates, "
-              f"{s['generated_tokens']} generated tokens, valid ratio {s['valid_ratio']:.2f}, {s['wall_s']:.0f} s",
+              f"{s['generated_tokens']} generated tokens ({s['budget_share']:.0%} of the budget {budget}), "
+              f"valid ratio {s['valid_ratio']:.2f}, {s['wall_s']:.0f} s",
               flush=True)
     return summary

@@ -14,7 +14,9 @@ TOUR = TourPart(
                                  "experiment.eval_every_updates=2"),
                       tiny=("experiment.task.max_steps=3", "experiment.sft.max_steps=40",
                             "experiment.sft.eval_every=20", "experiment.sft.eval_problems_per_difficulty=4",
-                            "experiment.rl.prompts_per_batch=2", "experiment.rl.token_budget=600",
+                            # one AttnRL batch's worst case (2 x 6 x 54 x 5 tokens): a batch starts only if it fits
+                            "experiment.rl.prompts_per_batch=2", "experiment.rl.token_budget=3240",
+                            "experiment.rl.max_updates=2",
                             "experiment.rl.max_prompts_per_batch=4", "experiment.eval_problems_per_difficulty=4",
                             "experiment.eval_every_updates=2")),),
     section="experiments.attnrl.tour:section",
