@@ -46,6 +46,16 @@ def tuning_lines(tunes: dict[str, dict], tuned: dict | None) -> list[str]:
                        f"K = {k}: " + " / ".join(f"{e:g}" + (" (extrapolated)" if f else "")
                                                 for e, f in zip(v["effects"], v["extrapolated"]))
                        for k, v in tuned.items()) + ".")
+        flat = {k: max(v["curve"].values()) - min(v["curve"].values()) for k, v in tuned.items()}
+        grid = [float(e) for e in next(iter(tuned.values()))["curve"]]
+        if any(d < 0.25 for d in flat.values()):
+            out.append(f"Over the whole grid (a factor {max(grid) / min(grid):.3g} in effect) the pooled power "
+                       "moves by only " + ", ".join(
+                           f"{d:.2f} at K = {k}" for k, d in flat.items())
+                       + ": on this design a draw's functions, not the effect, set most of the power (draws of f that "
+                         "hide X's effect stay undetected at every effect, the others are found at the smallest), so "
+                         "the targets fall outside the grid and the rule's extrapolated effects are not known to give "
+                         "mid power.")
         out.append("")
     return out
 
