@@ -59,7 +59,7 @@ def test_tuning_rule_interpolates_on_log_effect_and_flags_the_grid_edges():
 
 
 def test_size_adjustment_cuts_at_the_nulls_5_percent_quantile():
-    from benchmarks.studies.ecit_power.report import size_threshold
+    from benchmarks.studies.ecit_power.rows import size_threshold
     null = list(np.linspace(0.001, 1.0, 100))
     cut = size_threshold(null)
     assert sum(p < cut for p in null) == 5 and size_threshold(null[:10]) is None

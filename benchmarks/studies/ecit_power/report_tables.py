@@ -5,7 +5,7 @@ import numpy as np
 
 from benchmarks.studies.ecit_power.plan import (DIAL_K, DIAL_RHOS, DIAL_SUBTESTS, EQUAL_CPU_K, EQUAL_CPU_N, KS, LEVEL,
                                                 M, PREDICTIONS, TARGET_POWER)
-from benchmarks.studies.ecit_power.report import (EMPIRICAL, RELEASED, Rows, _fmt, cell, combined, mean_z,
+from benchmarks.studies.ecit_power.rows import (EMPIRICAL, RELEASED, Rows, _fmt, cell, combined, mean_z,
                                                   paired_diff, rate, size_threshold)
 
 SUB_NAMES = {"kci_lp": "kci_lp (local-permutation null)", "kci": "KCI (gamma null)", "fisherz": "Fisher-z"}
