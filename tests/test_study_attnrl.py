@@ -10,9 +10,9 @@ from benchmarks.studies.attnrl import plan as at_plan
 from benchmarks.study.core import REPORTED_SEEDS, StudyError
 from benchmarks.study.runner import run_unit_inline
 
-# tokens: one AttnRL batch's worst case at 2 prompts (2 x 6 x 135 x 5); a smaller token budget is refused
+# tokens: one AttnRL batch's worst case at 1 prompt (6 x 135 x 5); a smaller token budget is refused
 TINY = {"sft_max_steps": 2, "sft_eval_problems": 2, "gate_problems": 2, "gate_continuations": 1,
-        "eval_per_difficulty": 1, "eval_longest_extra": 1, "eval_samples": 1, "tokens": 8100, "prompts_per_batch": 2}
+        "eval_per_difficulty": 1, "eval_longest_extra": 1, "eval_samples": 1, "tokens": 4050, "prompts_per_batch": 1}
 
 
 def test_plan_is_valid():
