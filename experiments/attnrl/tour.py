@@ -41,13 +41,14 @@ def section(stages, out: Path) -> tuple[list[str], list[dict], list[str]]:
     diffs = sorted(s["sft"]["accuracy_by_difficulty"], key=lambda d: int(d))
     lines += [f"Generated-token budget per method: {s['token_budget']}. SFT accuracy {fmt(s['sft']['accuracy'])}. "
               f"Source: `{st.run_dir}/metrics`.", "",
-              "| method | accuracy | " + " | ".join(f"{d} steps" for d in diffs) + " | tokens | steps | valid ratio |",
+              "| method | accuracy | " + " | ".join(f"{d} steps" for d in diffs) +
+              " | tokens (of budget) | steps | valid ratio |",
               "|---|---|" + "---|" * len(diffs) + "---|---|---|"]
     rows = {"sft": {**s["sft"], "generated_tokens": 0, "steps": 0, "valid_ratio": None}, **s["methods"]}
     for name, m in rows.items():
         by = m["accuracy_by_difficulty"]
         lines.append(f"| {name} | {fmt(m['accuracy'])} | " + " | ".join(fmt(by.get(d)) for d in diffs) +
-                     f" | {m['generated_tokens']} | {m['steps']} | {fmt(m['valid_ratio'])} |")
+                     f" | {m['generated_tokens']}{share(m)} | {m['steps']} | {fmt(m['valid_ratio'])} |")
     lines.append("")
     methods = s["methods"]
     if "attnrl" in methods and "grpo" in methods:
@@ -64,6 +65,11 @@ def section(stages, out: Path) -> tuple[list[str], list[dict], list[str]]:
         claims.append({"paper": "AttnRL", "claim": "RL improves accuracy over the SFT model",
                        "observed": f"{fmt(a)} vs {fmt(b)} ({a - b:+.3f})", "holds": "yes" if a > b else "no"})
     return lines, claims, plots
+
+
+def share(m: dict) -> str:
+    """The share of the token budget a method spent, as " (49%)" (a batch that could cross it never starts)."""
+    return f" ({m['budget_share']:.0%})" if m.get("budget_share") is not None else ""
 
 
 def accuracy_at_tokens(df, method: str, tokens: int) -> float:
