@@ -1,8 +1,10 @@
 """The token budget is a cap: what one batch can cost at most, per method family, known from the config alone.
 
 Only generated tokens count (prompt tokens are not sampled). A batch starts only if its worst case fits in what is
-left of the budget (:meth:`algos.attnrl.training_run.TrainingRun.may_start_batch`), so a run ends at or below its
-budget; a budget below one batch's worst case is refused up front (:func:`budget_error`).
+left of the budget; when the next batch's does not, the batch is cut to the most prompts whose worst case fits
+(:func:`prompts_that_fit`, called by :meth:`algos.attnrl.training_run.TrainingRun.batch_prompts`), and the run stops
+only when not even one prompt fits. A run so ends at or below its budget and less than one prompt's worst case short
+of it, whatever the method; a budget below one full batch's worst case is refused up front (:func:`budget_error`).
 """
 
 from __future__ import annotations
@@ -34,6 +36,13 @@ def worst_case_batch_tokens(method: str, cfg: RLConfig, max_tokens: int, prompts
     if method == "grpo":
         return grpo_worst_case_tokens(cfg, max_tokens, prompts)
     return tree_worst_case_tokens(cfg, max_tokens, prompts)
+
+
+def prompts_that_fit(method: str, cfg: RLConfig, max_tokens: int, tokens_left: int, wanted: int) -> int:
+    """The most prompts, at most ``wanted``, whose batch's worst case fits in ``tokens_left`` (0: not even one).
+    The worst case is linear in the prompts, so this is ``tokens_left`` over one prompt's worst case."""
+    per_prompt = worst_case_batch_tokens(method, cfg, max_tokens, prompts=1)
+    return max(0, min(wanted, tokens_left // per_prompt))
 
 
 def budget_error(method: str, cfg: RLConfig, max_tokens: int, prefix: str = "") -> str | None:

@@ -25,9 +25,9 @@ def train_grpo(run: TrainingRun) -> None:
     cfg, codec = run.cfg, run.policy.codec
     n = cfg.samples_per_prompt
     update = 0
-    while run.may_start_batch(update, cfg.prompts_per_batch):
+    while prompts := run.batch_prompts(update, cfg.prompts_per_batch):  # the last batches cut to what fits
         t0 = time.perf_counter()
-        problems = run.task.sample(run.rng, cfg.prompts_per_batch)
+        problems = run.task.sample(run.rng, prompts)
         requests = [GenerationRequest(tuple(codec.encode(p.prompt)), tag=(i, j))
                     for i, p in enumerate(problems) for j in range(n)]
         rollouts = run.sample(requests, update)

@@ -1,5 +1,5 @@
 """What the GRPO and tree training loops share: token-counted sampling, scoring, the PPO update, one metrics
-record per update, and the rule that starts a batch only if its worst case fits in what is left of the budget."""
+record per update, and the rule that cuts a batch to the prompts whose worst case fits in what is left of the budget."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Callable, Sequence
 
 import torch
 
-from algos.attnrl.budget import budget_error, worst_case_batch_tokens
+from algos.attnrl.budget import budget_error, prompts_that_fit
 from algos.attnrl.config import RLConfig
 from algos.attnrl.lm import GenerationRequest, Policy, Rollout, generate
 from algos.attnrl.ppo import TrainSequence, ppo_update
@@ -65,15 +65,17 @@ class TrainingRun:
         if self.log_fn:
             self.log_fn(metrics)
 
-    def may_start_batch(self, updates: int, next_prompts: int, owed_tokens: int | None = None) -> bool:
-        """Start a batch of ``next_prompts`` prompts only if its worst case fits in what is left of the token
-        budget, so the run ends at or below it. ``owed_tokens``: the most the pending off-policy batch's
-        continuations (sampled in the same call, owed either way) can still generate; None: no batch pending."""
+    def batch_prompts(self, updates: int, wanted: int, owed_tokens: int | None = None) -> int:
+        """How many of the ``wanted`` prompts the next batch may have: all of them while its worst case fits in
+        what is left of the token budget, then the most whose worst case fits, so the run ends at or below the
+        budget and less than one prompt's worst case short of it; 0: stop. ``owed_tokens``: the most the pending
+        off-policy batch's continuations (sampled in the same call, owed either way) can still generate; None: no
+        batch pending. Only the size is cut: the batches before are drawn exactly as without a budget."""
         cfg = self.cfg
         if updates >= cfg.max_updates - (0 if owed_tokens is None else 1):
-            return False
-        worst = worst_case_batch_tokens(self.method, cfg, self.max_tokens, next_prompts)
-        return self.tokens + (owed_tokens or 0) + worst <= cfg.token_budget
+            return 0
+        left = cfg.token_budget - self.tokens - (owed_tokens or 0)
+        return prompts_that_fit(self.method, cfg, self.max_tokens, left, wanted)
 
 
 def valid_tokens(sequences: Sequence[TrainSequence]) -> int:

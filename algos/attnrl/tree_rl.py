@@ -53,11 +53,13 @@ def train_tree(run: TrainingRun) -> None:
         requests = [] if pending is None else plan_continuations(run, batches[pending], fci_of_solved)
         owed = None if pending is None else sum(min(run.max_tokens, r.max_new_tokens or run.max_tokens)
                                                 for r in requests)
-        call = scheduler.next_call(run.may_start_batch(scheduler.version, batch_size, owed))
+        # the adaptive size stays the rule's state; only the batch drawn is cut to what still fits the budget
+        prompts = run.batch_prompts(scheduler.version, batch_size, owed)
+        call = scheduler.next_call(prompts > 0)
         if call is None:
             break
         if call.initial_batch is not None:
-            batches[call.initial_batch] = TreeBatch(run.task.sample(run.rng, batch_size))
+            batches[call.initial_batch] = TreeBatch(run.task.sample(run.rng, prompts))
             requests += initial_requests(run, batches[call.initial_batch].problems)
         rollouts = run.sample(requests, call.policy_version, step_score_fn)
         if call.initial_batch is not None:
