@@ -59,5 +59,6 @@ def rl_gain(sft, seed: int = 0, **rl) -> tuple[float, float, dict]:
 def test_attnrl_raises_the_probability_of_correct_solutions(sft_policy):
     before, after, out = rl_gain(sft_policy[0])
     assert out["generated_tokens"] <= TOKEN_BUDGET and out["updates"] >= 3  # the budget is a cap
-    assert all(0.0 < h["valid_prompt_ratio"] <= 1.0 for h in out["history"])
+    ratios = [h["valid_prompt_ratio"] for h in out["history"]]  # a last batch cut to one prompt may have none valid
+    assert all(0.0 <= r <= 1.0 for r in ratios) and sum(r > 0 for r in ratios) >= 3, ratios
     assert after >= before + MIN_GAIN, (before, after, out["history"][-1])

@@ -184,7 +184,8 @@ def test_a_running_learner_exports_its_progress_and_logs_each_line_once(metrics_
     assert progress, log[-3000:]
     assert len(progress) == len(set(progress)), f"a progress line appears twice: {progress}"
     assert not any("ETA -" in p for p in progress), progress
-    assert progress[-1].startswith("[lift_pretrain rank0] 2048/2000"), progress[-1]
+    last = re.match(r"\[lift_pretrain rank0\] (\d+)/2000 ", progress[-1])
+    assert last and 1500 <= int(last.group(1)) <= 2000, progress  # the last round's line; no round crosses the cap
 
 
 def test_pool_and_learner_metrics_reach_the_prometheus_endpoint(metrics_head):

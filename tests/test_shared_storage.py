@@ -150,5 +150,5 @@ def test_runs_and_sweeps_check_their_inputs_before_any_learner_starts():
     import inspect
 
     from experiments import run, sweep
-    for source in (inspect.getsource(run.prepare), inspect.getsource(sweep)):
+    for source in (inspect.getsource(run), inspect.getsource(sweep)):
         assert "require_same_inputs(input_paths(cfg[\"experiment\"]))" in source

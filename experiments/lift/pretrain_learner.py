@@ -251,7 +251,9 @@ class PretrainLearner:
             row["param_max_abs_diff"] = param_divergence(self.agent)
         if self.metrics is not None:
             self.metrics.log(steps, row)
-            self.progress.update(steps, eval_return=self.eval_return, updates=self.agent.num_updates)
+            # the last round forces its line: a capped run ends below its total, which the throttle waits for
+            self.progress.update(steps, force=self.done, eval_return=self.eval_return,
+                                 updates=self.agent.num_updates)
         if checkpoint_due or self.done:
             self.checkpoint(row)
         elif self.counters["rounds"] % 10 == 0:
