@@ -2,7 +2,6 @@
 
 import math
 import random
-import statistics
 from types import SimpleNamespace
 
 import pytest

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import uuid
 
-import numpy as np
 import pytest
 
 from algos.ecit import ecit_pvalue

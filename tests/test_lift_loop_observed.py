@@ -4,28 +4,15 @@ horizon case reads the rollouts, not an echo), the stage-2-from-file path a stud
 ``sac_deterministic``, the control that separates LIFT's model from its deterministic real actions."""
 from __future__ import annotations
 
-from collections.abc import Callable
-from pathlib import Path
-
 import pytest
 import torch
 
 from experiments.lift.finetune_config import Config
-from tests.lift_key_observe import TASK, TINY, Observed, build_start, in_epoch, observe, schedules
+from tests.lift_key_observe import TASK, TINY, in_epoch, schedules
 from tests.test_lift_config_keys import CASES, check_horizon, check_model_buffer_capacity, check_retrain_steps
+from tests.test_lift_config_keys import runs, start  # noqa: F401  (the key table's fixtures: one tiny start model)
 
 torch.set_num_threads(1)
-
-
-@pytest.fixture(scope="module")
-def start(tmp_path_factory) -> Path:
-    return build_start(tmp_path_factory.mktemp("pretrain"))
-
-
-@pytest.fixture(scope="module")
-def runs(start, tmp_path_factory) -> Callable[..., Observed]:
-    root = tmp_path_factory.mktemp("runs")
-    return lambda overrides, method, **kw: observe(start, root, overrides, method, **kw)
 
 
 @pytest.mark.slow

@@ -1,6 +1,5 @@
 """AttnRL's study (benchmarks/studies/attnrl/): its plan, and one unit of each kind at tiny size through the
 runner's inline helper (SFT stage, FCI gate, a tuning unit, a reported unit), then the report from those records."""
-import importlib
 import json
 
 import pytest
@@ -17,13 +16,9 @@ TINY = {"sft_max_steps": 2, "sft_eval_problems": 2, "gate_problems": 2, "gate_co
 
 def test_plan_is_valid():
     plan = at_plan.STUDY.plan()  # unique names, dependencies listed earlier
-    by = {u.name: u for u in plan}
     assert [u.name for u in plan[:4]] == ["sft", "gate", "gate-probe", at_plan.DECIDING_GATE]
     assert plan[0].role == "stage" and plan[1].role == plan[2].role == plan[3].role == "gate"
     for u in plan:
-        module, fn = u.fn.split(":")
-        assert callable(getattr(importlib.import_module(module), fn)), u.fn
-        assert all(a in by for a in u.after)
         if u.role in ("tune", "report"):
             assert at_plan.DECIDING_GATE in u.after, u.name  # no RL unit before the gate
     for method in at_plan.MAIN_METHODS:

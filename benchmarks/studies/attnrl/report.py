@@ -14,6 +14,7 @@ from benchmarks.studies.attnrl.gates import (deciding_gate_lines, failed_gate_re
                                              gate_probe_lines, sft_lines, shown_word, signed)
 from benchmarks.studies.attnrl.runs import PRIMARY, interpolate, late_mean
 from benchmarks.study.core import REPORTED_SEEDS
+from benchmarks.study.figures import save_figure
 from benchmarks.study.stats import paired, t_interval
 
 
@@ -259,10 +260,7 @@ def plot(by: dict, matched: dict, path: Path) -> None:
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
     axes[1].set_xscale("symlog", linthresh=10)  # a tree update spends ~5x the tokens of a GRPO update
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=80)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def cost_lines(records: list[dict], plan: list) -> list[str]:

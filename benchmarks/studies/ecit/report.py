@@ -168,7 +168,7 @@ def _reading(tuned: dict, cal_by_n: dict[int, list[dict]], ctl_by_n: dict[int, l
                        "p-values, not in the combination." if holds_big else
                        " The combiner also exceeds the level with uniform inputs at the largest K: the combination "
                        "itself contributes.")
-        out.append(f"- **Control** (Fisher-z subsets on linear-Gaussian data, added after the table was seen): mean z "
+        out.append("- **Control** (Fisher-z subsets on linear-Gaussian data, added after the table was seen): mean z "
                    + ", ".join(f"{cshift[n]['mean']:+.3f} [{cshift[n]['low']:+.3f}, {cshift[n]['high']:+.3f}] at n = {n}"
                                for n in cns)
                    + f"; the {combiner} combiner's type-I error "

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
+from benchmarks.study.figures import save_figure
 from benchmarks.study.stats import fmt_interval, paired, t_interval
 from benchmarks.studies.lift_command import plan
 
@@ -181,11 +182,7 @@ def plot(records: list[dict], out: Path) -> Path | None:
         ax.grid(alpha=0.3)
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=6)
-    fig.tight_layout()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=80)
-    plt.close(fig)
-    return out
+    return save_figure(fig, out)
 
 
 def report(records: list[dict], out_dir: Path) -> str:

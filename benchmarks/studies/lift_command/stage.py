@@ -56,8 +56,6 @@ def eval_curve(run_path: Path) -> tuple[list[int], list[float], dict[str, Any]]:
 def run_pretrain(ctx: UnitContext) -> dict | None:
     """Stage 1 by the learner until its budget (None while it has more to do), then stage 2 (each model saved as it
     is fitted), then the record with the hold verdict the plan declared."""
-    import torch
-
     from benchmarks.studies.lift_command.plan import STUDY_EXP, TASK, hold_verdict
     from experiments.lift.finetune_config import Config as FinetuneConfig
     from experiments.lift.pretrain_learner import run_one_rank

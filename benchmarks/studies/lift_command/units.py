@@ -10,8 +10,8 @@
   <cond>-<method>-s<seed>  the learner a cluster job runs (``finetune_learner.run_one_rank``) for ``EPOCHS`` epochs
                 of LIFT's horizon ramp; refuses unless the start model held and the condition's gate passed.
 
-The finetuning run and its record body come from the shared LIFT stages (``benchmarks/study/lift_stages.py``, being
-moved out of ``benchmarks/study/lift.py`` in this round: imported from whichever holds them).
+The start model's policy, the finetuning run and its record body come from the shared LIFT stages
+(``benchmarks/study/lift_stages.py``).
 """
 from __future__ import annotations
 
@@ -19,32 +19,11 @@ from typing import Any
 
 import numpy as np
 
+from benchmarks.study import lift_stages
 from benchmarks.study.core import StudyError, UnitContext
 from benchmarks.studies.lift_command import plan
 
 GATE_SEED, REFERENCE_SEED = 2025, 2024  # evaluation seeds: the same episodes for every reference and gate
-
-
-def _shared():
-    """The shared LIFT study stages (their module is moving in this round)."""
-    try:
-        from benchmarks.study import lift_stages as shared
-    except ImportError:  # before the move lands
-        from benchmarks.study import lift as shared
-    return shared
-
-
-def policy(ctx: UnitContext):
-    """The start model's deterministic policy (fp32)."""
-    import torch
-
-    from algos.lift.agent import SACAgent
-    from algos.lift.sac import SACConfig
-    state = torch.load(ctx.artifacts / "pretrain" / "agent.pt", weights_only=True, map_location="cpu")
-    arch = state["arch"]
-    agent = SACAgent(arch["obs_dim"], arch["act_dim"], SACConfig(**{**state["config"], "bf16": False}))
-    agent.load_state_dict(state)
-    return lambda obs: agent.act(obs, True).numpy()
 
 
 def mean_return(ctx: UnitContext, act, env: dict, seed: int) -> tuple[float, dict]:
@@ -58,7 +37,7 @@ def run_check_start(ctx: UnitContext) -> dict:
     """The hold verdict of the pretraining record, and the reference returns every later unit reads."""
     pretrain = ctx.records()["pretrain"]
     hold = plan.hold_verdict(pretrain["curves"]["eval_return"])
-    act = policy(ctx)
+    act = lift_stages.policy_of(ctx)
     edge, edge_eps = mean_return(ctx, act, {"target_velocity": plan.command(plan.EDGE_COMMAND)}, REFERENCE_SEED)
     inside, inside_eps = mean_return(ctx, act, plan.condition_env("nochange"), REFERENCE_SEED)
     return {"metrics": {"holds": hold["holds"], "hold": hold, "edge_return": edge, "in_range_return": inside,
@@ -79,7 +58,7 @@ def run_gate(ctx: UnitContext) -> dict:
     if why is not None:
         raise StudyError(f"lift_command/{ctx.unit.name}: refused: {why}")
     check = records["check-start"]["metrics"]
-    act = policy(ctx)
+    act = lift_stages.policy_of(ctx)
     condition = ctx.setting["condition"]
     if condition == "command":
         zero, eps = mean_return(ctx, act, plan.condition_env("command"), GATE_SEED)
@@ -147,7 +126,7 @@ def run_method(ctx: UnitContext) -> dict:
     exp = Config(**{**plan.STUDY_EXP, **ctx.size("exp", {}), "epochs": ctx.size("epochs", ctx.setting["epochs"])})
     kind = METHOD_SPECS[ctx.unit.method].model
     stage2 = ctx.artifacts / "stage2" / f"{kind}.pt" if kind else None
-    body = _shared().finetune(ctx.unit.method, env, exp, ctx.seed, ctx.artifacts / "pretrain" / "agent.pt", stage2,
+    body = lift_stages.finetune(ctx.unit.method, env, exp, ctx.seed, ctx.artifacts / "pretrain" / "agent.pt", stage2,
                               reference, zero, ctx.work_dir / "run", plan.TASK,
                               fixed_steps=ctx.size("fixed_steps", plan.FIXED_STEPS))
     curves, metrics = body["curves"], body["metrics"]

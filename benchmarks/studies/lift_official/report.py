@@ -10,6 +10,7 @@ import numpy as np
 
 from benchmarks.studies.lift_official.plan import (APPENDIX_METHODS, CHANGES, CONTROL_KEEP, EVAL_EPISODES, HOLD_SPREAD,
                                                    METHODS, PRETRAIN_CAP, ROOM_SEED, start_accepted)
+from benchmarks.study.figures import save_figure
 from benchmarks.study.lift_stages import band_plot, by_seed, recovery_panel
 from benchmarks.study.stats import NOT_RESOLVED, fmt_interval, paired, t_interval, verdict
 
@@ -226,11 +227,7 @@ def plot(records: list[dict], gates: dict[str, dict], out: Path) -> Path | None:
     ax.set(xlabel="epoch", ylabel="1-step error on the epoch's fresh real data", title="LIFT's model")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=6)
-    fig.tight_layout()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=80)
-    plt.close(fig)
-    return out
+    return save_figure(fig, out)
 
 
 def official_table_lines(readme: Path = Path(__file__).resolve().parents[3] / "algos" / "lift" / "README.md"

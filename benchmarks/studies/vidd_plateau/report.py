@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks.study.core import REPORTED_SEEDS
+from benchmarks.study.figures import save_figure
 from benchmarks.study.stats import fmt_interval, paired, t_interval
 from benchmarks.studies.vidd_plateau import plan, rules
 
@@ -266,12 +267,7 @@ def _plot(by_unit: dict, out_dir: Path) -> str | None:
     ax.set_ylabel("median training reward (128 samples)")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
-    fig.tight_layout()
-    out_dir.mkdir(parents=True, exist_ok=True)
-    path = out_dir / "reward_kl.png"
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path.name
+    return save_figure(fig, out_dir / "reward_kl.png", dpi=100).name
 
 
 def report(records: list[dict], out_dir: Path) -> str:

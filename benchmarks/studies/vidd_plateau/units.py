@@ -14,8 +14,6 @@ import logging
 import math
 import time
 
-import numpy as np
-
 from benchmarks.study.core import StudyError, UnitContext
 from benchmarks.studies.vidd_plateau import plan, rules
 
@@ -256,21 +254,12 @@ def tuning_unit(ctx: UnitContext) -> dict:
 def best_of_n_unit(ctx: UnitContext) -> dict:
     """Best-of-N from p_pre for N = 1, 2, .., ``bon_max`` on nested subsets of one draw (N = 1: p_pre itself); its
     closeness is the bound log N - (N - 1)/N; it costs N queries and N sampled trajectories per output."""
-    import torch
-
     from algos.vidd.closeness import best_of_n_kl_bound
+    from benchmarks.study.vidd_common import best_of_n_ladder
     spec, task = load_task(ctx, "dna")
     n_out, n_max = int(spec.size(ctx, "bon_outputs")), int(spec.size(ctx, "bon_max"))
-    tokens = task.sample(task.pre, n_out * n_max, ctx.seed, stream=0, ctx=ctx).reshape(n_out, n_max, -1)
-    rewards, _ = task.reward(tokens.reshape(n_out * n_max, -1))
-    rewards = torch.as_tensor(np.asarray(rewards, dtype=np.float64)).reshape(n_out, n_max)
-    points, n = [], 1
-    while n <= n_max:
-        best = rewards[:, :n].nan_to_num(-math.inf).argmax(dim=1)
-        rows = torch.arange(n_out)
-        points.append({"N": n, **task.score(tokens[rows, best], rewards[rows, best].numpy()),
-                       "kl": best_of_n_kl_bound(n), "queries": n * n_out, "trajectories": n * n_out})
-        n *= 2
+    points = [{**p, "kl": best_of_n_kl_bound(p["N"]), "queries": p["N"] * n_out, "trajectories": p["N"] * n_out}
+              for p in best_of_n_ladder(task, n_out, n_max, ctx)]
     keys = ("N", "queries", "trajectories", "kl", "reward_median", "reward_mean", "nll", "diversity",
             "eval_reward_median", "kmer3_corr")
     return {"metrics": {**points[-1], "n_outputs": n_out}, "points": points,
