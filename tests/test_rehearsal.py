@@ -200,10 +200,12 @@ def test_vidd_tasks_with_ddp_learners(cluster):
 
 
 def test_a_sweep_of_ddp_learners(cluster):
-    """Two lift_pretrain trials at once, each a Ray Train learner of 2 DDP workers asking for GPUs."""
+    """Two lift_pretrain trials at once, each a Ray Train learner of 2 DDP workers asking for GPUs. What is checked is
+    the placement (trials x workers on the nodes); DDP's identical replicas after updates are the tour's check, so the
+    trials stop at the preset's first update (min_replay_size 1024 is above 512 steps)."""
     cluster.run("experiment=lift_pretrain", "env=pendulum", "sweep=lift_pretrain_lr", "run_name=sw",
-                "sweep.scheduler.name=fifo", "sweep.num_samples=2", "sweep.max_concurrent=2", "experiment.total_env_steps=1024",
-                "experiment.eval_every_steps=512", "experiment.eval_episodes=2", module="experiments.sweep")
+                "sweep.scheduler.name=fifo", "sweep.num_samples=2", "sweep.max_concurrent=2", "experiment.total_env_steps=512",
+                "experiment.eval_every_steps=512", "experiment.eval_episodes=1", module="experiments.sweep")
     trials = sorted((cluster.out / "lift_pretrain" / "sw" / "trials" / "lift_pretrain").iterdir())
     assert len(trials) == 2, trials
     for trial in trials:
