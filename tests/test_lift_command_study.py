@@ -2,6 +2,8 @@
 synthetic partial records (written into tmp_path, never into benchmarks/)."""
 from __future__ import annotations
 
+import json
+
 import pytest
 import yaml
 
@@ -107,6 +109,24 @@ def test_the_report_renders_partial_records(tmp_path):
     stopped = {**pretrain, "metrics": {**pretrain["metrics"], "holds": False,
                                        "hold": plan.hold_verdict([1000.0, 2900.0, 2000.0])}}
     assert "does not hold: the study stops here" in report.report([stopped], tmp_path)
+    assert "The main job's LIFT part, five runs" in text  # the committed tour runs ride with the section
+
+
+def test_the_tour_runs_count_failures_and_late_recoveries(tmp_path):
+    """The main job's LIFT part: a run that never reached 80 % counts as a failure, one at the budget as late."""
+    def run(name: str, lift_steps: int | None, lift_final: float) -> dict:
+        arm = lambda steps, final: {"real_steps_to_recover": steps, "final_return": final, "falls": 10,  # noqa: E731
+                                    "falls_per_1000": 1.0, "real_steps": 7000, "sac_updates": 100}
+        return {"run": name, "pretrain_env_steps": 1, "pretrain_best_return": 1000.0, "pre_change_return": 1000.0,
+                "zero_shot_return": 5.0, "lift": arm(lift_steps, lift_final), "sac_finetune": arm(2000, 1000.0)}
+    path = tmp_path / "runs.json"
+    path.write_text(json.dumps({"what": "w", "commit": "c", "date": "d", "machine": "m", "task": "t", "rule": "r",
+                                "change": {"name": "gravity", "scale": 9.0},
+                                "runs": [run("a", 7000, 1000.0), run("b", None, 40.0), run("c", 3000, 1000.0)]}))
+    text = "\n".join(report.tour_lines(path))
+    assert "LIFT recovered in 2 of 3 runs (1 of them only at the last evaluation" in text
+    assert "| b | 1 | 5 | None | 2000 |" in text
+    assert report.tour_lines(tmp_path / "absent.json") == []
 
 
 @pytest.mark.slow

@@ -3,6 +3,7 @@ each condition's table beside the same method's no-change arm, the declared pred
 """
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
@@ -185,6 +186,42 @@ def plot(records: list[dict], out: Path) -> Path | None:
     return save_figure(fig, out)
 
 
+TOUR_RUNS = Path(__file__).with_name("tour_lift_runs.json")
+
+
+def tour_lines(path: Path = TOUR_RUNS) -> list[str]:
+    """The main job's LIFT part over five runs (issue 47 asks for it beside the study: the demo a user meets first)."""
+    if not path.exists():
+        return []
+    d = json.loads(path.read_text())
+    runs, budget = d["runs"], d["runs"][0]["lift"]["real_steps"]
+    lines = [f"**The main job's LIFT part, five runs** ({d['task']}, {d['change']['name']} x{d['change']['scale']}; "
+             f"{d['what']}; {d['commit']}, {d['date']}, {d['machine']}). Rule, {d['rule']}.", "",
+             "| run | start model (env steps) | zero-shot | LIFT: real steps to 80 % | SAC finetuning | LIFT falls "
+             "| SAC falls |", "|---|---|---|---|---|---|---|"]
+    for r in runs:
+        lines.append(f"| {r['run']} | {r['pretrain_env_steps']} | {r['zero_shot_return']:.0f} | "
+                     f"{r['lift']['real_steps_to_recover']} | {r['sac_finetune']['real_steps_to_recover']} | "
+                     f"{r['lift']['falls']} | {r['sac_finetune']['falls']} |")
+    def steps(r: dict, method: str) -> float:
+        return math.inf if r[method]["real_steps_to_recover"] is None else r[method]["real_steps_to_recover"]
+    failed = sum(steps(r, "lift") == math.inf or r["lift"]["final_return"] < 0.8 * r["pre_change_return"]
+                 for r in runs)
+    late = sum(budget <= steps(r, "lift") < math.inf for r in runs)
+    slower = sum(steps(r, "lift") > steps(r, "sac_finetune") for r in runs)
+    more_falls = sum(r["lift"]["falls"] > r["sac_finetune"]["falls"] for r in runs)
+    distinct = len({json.dumps({k: v for k, v in r.items() if k != "run"}, sort_keys=True) for r in runs})
+    verdict = ("fired: its cause is to be found and mended" if failed >= 2
+               else "did not fire, and the demo's change stays as declared")
+    lines += ["", f"LIFT recovered in {len(runs) - failed} of {len(runs)} runs ({late} of them only at the last "
+              f"evaluation, {budget} real steps), so the rule's trigger (>= 2 failures) {verdict}. LIFT recovered "
+              f"later than SAC finetuning in {slower} and fell more in {more_falls} of {len(runs)}: the tour shows "
+              f"the stages working together, not LIFT's claim. The runs share seed 0 but not their results "
+              f"({distinct} distinct outcomes; even the start models differ, at "
+              f"{', '.join(str(n) for n in sorted({r['pretrain_env_steps'] for r in runs}))} pretraining env steps)."]
+    return lines
+
+
 def report(records: list[dict], out_dir: Path) -> str:
     recs = {r["unit"]: r for r in records}
     lines = ["## LIFT on its own change (issue 47)", "", OBJECTION, "", *start_lines(recs), ""]
@@ -201,4 +238,7 @@ def report(records: list[dict], out_dir: Path) -> str:
                   "", *condition_lines(records, condition), ""]
     lines += ["**Predictions** (declared in `plan.PREDICTIONS` before any reported unit ran)", "",
               *prediction_lines(records, recs), "", *budget_lines(records)]
+    tour = tour_lines()
+    if tour:
+        lines += ["", *tour]
     return "\n".join(lines) + "\n"
