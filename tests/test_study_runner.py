@@ -137,6 +137,11 @@ def test_report_from_the_committed_json_alone(tmp_path):
     section = (fresh / "toy" / "REPORT.md").read_text()
     assert section.startswith("## Toy study") and "| 12 | 24.5 |" in section and "5 seeds" in section
     assert (fresh / "toy" / "toy.png").stat().st_size > 1000
+    (fresh / "toy" / "records" / "toy-s14.json").rename(tmp_path / "held-back.json")  # a partial table
+    report(TOY, Paths(fresh), results_md=results_md)
+    assert "Toy study" not in results_md.read_text(), "a partial table stays in the study's REPORT.md"
+    assert "4 seeds" in (fresh / "toy" / "REPORT.md").read_text()
+    (tmp_path / "held-back.json").rename(fresh / "toy" / "records" / "toy-s14.json")
     report(TOY, Paths(fresh), results_md=results_md)
     text = results_md.read_text()
     assert "## Other\n\nkept" in text and "| 14 | 28.5 |" in text
