@@ -41,17 +41,13 @@ class MetricsLogger:
         self.writer = None  # opened on the first row, after a resume has cut the old events back
         self.last_step: float | None = None  # the step of the last row logged (saved with checkpoints by the journal)
 
-    def _tensorboard(self):
+    def _tensorboard(self) -> "ScalarEventFile | None":
         if self.writer is None and self.tb_dir is not None:
             try:
-                from tensorboardX import SummaryWriter
+                self.writer = ScalarEventFile(self.tb_dir)
             except ImportError:  # pragma: no cover - tensorboardX comes with ray[tune]
                 log.warning("tensorboardX missing: no TensorBoard logs")
                 self.tb_dir = None
-                return None
-            # tensorboardX names a file by the second it opens it: a writer of the same second (a resume, a second
-            # logger) would overwrite it. Nanoseconds keep the names unique and in the order TensorBoard reads them.
-            self.writer = SummaryWriter(str(self.tb_dir), filename_suffix=f".{time.time_ns()}")
         return self.writer
 
     def log(self, step: int, metrics: Mapping[str, Any]) -> dict[str, float]:
@@ -99,6 +95,31 @@ class MetricsLogger:
         if self.writer is not None:
             self.writer.close()
             self.writer = None
+
+
+class ScalarEventFile:
+    """A TensorBoard event file of scalars, written in the caller's thread. tensorboardX's SummaryWriter hands events
+    to a thread through a queue, and its ``flush()`` does not wait for that queue: the events of a checkpoint could
+    still be in memory when a learner died after it, and a resume (which never logs those steps again) lost them."""
+
+    def __init__(self, tb_dir: Path) -> None:
+        from tensorboardX.event_file_writer import EventsWriter
+        tb_dir.mkdir(parents=True, exist_ok=True)
+        # tensorboardX names a file by the second it opens it: a writer of the same second (a resume, a second
+        # logger) would overwrite it. Nanoseconds keep the names unique and in the order TensorBoard reads them.
+        self._events = EventsWriter(str(tb_dir / "events"), f".{time.time_ns()}")
+
+    def add_scalar(self, tag: str, value: float, step: float) -> None:
+        from tensorboardX.proto.event_pb2 import Event
+        from tensorboardX.proto.summary_pb2 import Summary
+        self._events.write_event(Event(wall_time=time.time(), step=int(step),
+                                       summary=Summary(value=[Summary.Value(tag=tag, simple_value=float(value))])))
+
+    def flush(self) -> None:
+        self._events.flush()  # to the disk (fsync): what a checkpoint saw is what a resume finds
+
+    def close(self) -> None:
+        self._events.close()
 
 
 def _truncate_event_file(path: Path, last_step: float) -> int:

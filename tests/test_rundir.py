@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 import re
 import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -104,6 +105,32 @@ def test_a_resumed_learner_shows_each_step_once_in_tensorboard(tmp_path):
                                                          (6, 60.0)]
     steps = ParquetStore(tmp_path / "metrics").to_numpy(["step"])["step"]
     assert sorted(steps.tolist()) == [1.0, 2.0, 3.0, 4.0, 5.0, 6.0]
+
+
+def test_tensorboard_events_are_on_disk_when_flush_returns(tmp_path, monkeypatch):
+    """A checkpoint flushes the metrics; a learner killed right after it must have its events in the file, since the
+    resume never logs those steps again. (tensorboardX's SummaryWriter queued them for a thread that flush() did not
+    wait for, so on a loaded machine a checkpoint's last events were still in memory. A slow disk write stands for
+    the load here: whoever writes the events is slow.)"""
+    from tensorboardX.event_file_writer import EventsWriter
+    write = EventsWriter._write_serialized_event
+
+    def slow_write(self, event_str):
+        time.sleep(0.05)
+        write(self, event_str)
+    monkeypatch.setattr(EventsWriter, "_write_serialized_event", slow_write)
+    metrics = MetricsLogger(tmp_path, flush_every=10_000, gauges={"run": "r/x/1", "method": "vidd"})
+    for step in range(1, 21):
+        metrics.log(step, {"loss": float(step), "reward": -float(step)})
+    metrics.flush()  # no close: the process dies here
+    (events,) = (tmp_path / "tb" / "vidd").glob("events.out.tfevents.*")
+    data, records, pos = events.read_bytes(), 0, 0  # read at once: a writer thread would still be catching up
+    while pos + 12 <= len(data):
+        pos += 12 + int.from_bytes(data[pos:pos + 8], "little") + 4
+        records += 1
+    assert records == 1 + 40, "the file-version record and every scalar"
+    assert _scalars(tmp_path / "tb" / "vidd", "loss") == [(s, float(s)) for s in range(1, 21)]
+    assert len(_scalars(tmp_path / "tb" / "vidd", "reward")) == 20
 
 
 def test_a_resumed_driver_shows_each_commit_once_in_tensorboard(tmp_path):
