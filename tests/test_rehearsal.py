@@ -211,3 +211,31 @@ def test_a_sweep_of_ddp_learners(cluster):
     for trial in trials:
         summary = json.loads((trial / "summary.json").read_text())
         assert summary["train_workers"] == 2 and summary["param_max_abs_diff"] == 0.0, (trial, summary)
+
+
+MULTI_NODE_DRIVER = """
+import json, sys, ray
+ray.init(address=sys.argv[1], log_to_driver=False)
+from cluster import storage
+token = storage.write_marker(sys.argv[2])
+nodes = storage.alive_nodes()
+out = {"nodes": len(nodes), "missing": storage.nodes_not_seeing(sys.argv[2], token),
+       "wrong": storage.nodes_not_seeing(sys.argv[2], "not the token"),
+       "inputs_differ": storage.nodes_reading_otherwise(sys.argv[2]),
+       "inputs_wrong": storage.nodes_reading_otherwise(sys.argv[2], expected="another copy")}
+storage.require_shared(sys.argv[2])  # every node of this one machine sees the directory: passes
+storage.require_same_inputs([sys.argv[2]])  # and reads the same files there: passes
+print("RESULT", json.dumps(out), flush=True)
+"""
+
+
+def test_every_node_is_asked_whether_it_sees_the_output_dir(cluster, tmp_path):
+    """cluster/storage.py on separate raylets: the check places one task on each of the three nodes and hears from
+    each; a token no node wrote is reported by every node, and a directory all nodes read alike passes both checks."""
+    proc = subprocess.run([sys.executable, "-c", MULTI_NODE_DRIVER, cluster.head.gcs_address, str(tmp_path / "runs")],
+                          cwd=ROOT, env=cluster.env, capture_output=True, text=True, timeout=300)
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
+    assert proc.returncode == 0 and lines, proc.stdout[-2000:] + proc.stderr[-3000:]
+    out = json.loads(lines[-1].split(" ", 1)[1])
+    assert out["nodes"] == 3 and out["missing"] == [] and len(out["wrong"]) == 3 and len(set(out["wrong"])) == 3
+    assert out["inputs_differ"] == [] and sorted(out["inputs_wrong"]) == sorted(out["wrong"])

@@ -1,5 +1,6 @@
 """Multi-node runs refuse an output_dir that some node cannot see (cluster/storage.py), checked with real tasks on
-the nodes of a real cluster; the deploy files mount the shared volume the README names."""
+the session cluster's node (on the three raylets of a multi-node cluster: tests/test_rehearsal.py); the deploy files
+mount the shared volume the README names."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -55,52 +56,6 @@ def test_deploy_files_mount_shared_storage_at_the_readme_path():
         volumes = {v["name"]: v for v in pod["volumes"]}
         mounts = {m["mountPath"]: m["name"] for c in pod["containers"] for m in c["volumeMounts"]}
         assert volumes[mounts["/mnt/shared"]]["persistentVolumeClaim"]["claimName"] == claim["metadata"]["name"]
-
-
-MULTI_NODE_DRIVER = """
-import json, sys, ray
-ray.init(address=sys.argv[1])
-from cluster import storage
-token = storage.write_marker(sys.argv[2])
-nodes = storage.alive_nodes()
-out = {"nodes": len(nodes), "missing": storage.nodes_not_seeing(sys.argv[2], token),
-       "wrong": storage.nodes_not_seeing(sys.argv[2], "not the token"),
-       "inputs_differ": storage.nodes_reading_otherwise(sys.argv[2]),
-       "inputs_wrong": storage.nodes_reading_otherwise(sys.argv[2], expected="another copy")}
-storage.require_shared(sys.argv[2])  # every node of this one machine sees the directory: passes
-storage.require_same_inputs([sys.argv[2]])  # and reads the same files there: passes
-print("RESULT", json.dumps(out), flush=True)
-"""
-
-
-@pytest.mark.slow
-@pytest.mark.nodes
-def test_every_node_of_a_multi_node_cluster_is_asked(tmp_path):
-    """A head and a worker node (`ray start`): the check places one task on each node and hears from both."""
-    import json
-    import shutil
-    import subprocess
-    import sys
-    import tempfile
-
-    from cluster.deploy.local import LocalNode
-    temp = Path(tempfile.mkdtemp(prefix="orr-st-", dir="/tmp"))
-    nodes = []
-    try:
-        nodes.append(LocalNode.head(temp / "h", num_cpus=1))
-        nodes.append(LocalNode.worker(nodes[0], temp / "w", num_cpus=1))
-        proc = subprocess.run([sys.executable, "-c", MULTI_NODE_DRIVER, nodes[0].gcs_address, str(tmp_path / "runs")],
-                              cwd=Path(__file__).resolve().parents[1], env=nodes[0].env, capture_output=True,
-                              text=True, timeout=300)
-    finally:
-        for node in reversed(nodes):
-            node.stop()
-        shutil.rmtree(temp, ignore_errors=True)
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
-    assert proc.returncode == 0 and lines, proc.stdout[-2000:] + proc.stderr[-3000:]
-    out = json.loads(lines[-1].split(" ", 1)[1])
-    assert out["nodes"] == 2 and out["missing"] == [] and len(out["wrong"]) == 2 and len(set(out["wrong"])) == 2
-    assert out["inputs_differ"] == [] and sorted(out["inputs_wrong"]) == sorted(out["wrong"])
 
 
 # ------------------------------------------------------------------- inputs every node reads (experiment.hf_model)
