@@ -46,7 +46,7 @@ CLUSTER_FIXTURES = frozenset({"ray_cluster", "pool_factory", "pool_name", "modul
 TRAINING_FIXTURES = frozenset({"sft_policy"})
 # CPU-bound modules that need no cluster but run in the session cluster's pytest process (``first_lane``), so that
 # the two processes of ``python -m tests`` end at about the same time (the cluster tests wait on Ray much of theirs).
-FIRST_LANE_MODULES = frozenset({"test_vidd_molecule", "test_world_model", "test_sac"})
+FIRST_LANE_MODULES = frozenset({"test_vidd_molecule", "test_world_model"})
 
 
 def pytest_configure(config):
