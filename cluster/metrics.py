@@ -184,7 +184,8 @@ class Progress:
         """The progress line. Written to stderr directly, not printed: Ray Train's workers patch ``print`` to log
         every line as well as print it, so a printed line showed twice in a job's log. A value not known yet (nan:
         no evaluation since a resume) is left out rather than shown as nan."""
-        eta = max(self.total - done, 0.0) / rate if rate > 0 else float("inf")
+        left = max(self.total - done, 0.0)
+        eta = 0.0 if left == 0 else left / rate if rate > 0 else float("inf")  # done: 0:00, whatever the rate
         eta_s = "?" if not math.isfinite(eta) else f"{int(eta // 60)}:{int(eta % 60):02d}"
         shown = {k: v for k, v in info.items() if not (isinstance(v, float) and not math.isfinite(v))}
         extra = " ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in shown.items())

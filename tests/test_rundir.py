@@ -157,6 +157,7 @@ def test_the_progress_line_after_a_resume_counts_from_the_resume(capsys):
     progress.update(17_000, force=True)
     rate = float(re.search(r"\) ([\d.]+) env steps/s", capsys.readouterr().err).group(1))
     assert math.isclose(rate, 100.0, rel_tol=0.05)  # not 1,700/s (all 17,000 steps over ten seconds)
+    assert "ETA 0:00" in progress.line(32_000, rate=0.0) and "ETA ?" in progress.line(17_000, rate=0.0)
 
 
 # -- on the session cluster: two jobs of one experiment in the same second ----------------------------------------
