@@ -104,16 +104,18 @@ class ScalarEventFile:
 
     def __init__(self, tb_dir: Path) -> None:
         from tensorboardX.event_file_writer import EventsWriter
+        from tensorboardX.proto.event_pb2 import Event
+        from tensorboardX.proto.summary_pb2 import Summary
+        self._event, self._summary = Event, Summary  # imported once, not on every scalar
         tb_dir.mkdir(parents=True, exist_ok=True)
         # tensorboardX names a file by the second it opens it: a writer of the same second (a resume, a second
         # logger) would overwrite it. Nanoseconds keep the names unique and in the order TensorBoard reads them.
         self._events = EventsWriter(str(tb_dir / "events"), f".{time.time_ns()}")
 
     def add_scalar(self, tag: str, value: float, step: float) -> None:
-        from tensorboardX.proto.event_pb2 import Event
-        from tensorboardX.proto.summary_pb2 import Summary
-        self._events.write_event(Event(wall_time=time.time(), step=int(step),
-                                       summary=Summary(value=[Summary.Value(tag=tag, simple_value=float(value))])))
+        value_pb = self._summary.Value(tag=tag, simple_value=float(value))
+        self._events.write_event(self._event(wall_time=time.time(), step=int(step),
+                                             summary=self._summary(value=[value_pb])))
 
     def flush(self) -> None:
         self._events.flush()  # to the disk (fsync): what a checkpoint saw is what a resume finds

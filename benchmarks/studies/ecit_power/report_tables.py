@@ -182,6 +182,12 @@ def _dial(records: list[dict], rho: float, sub: str, kind: str) -> list[list[flo
             .get(kind, [])]
 
 
+def _dial_type1(records: list[dict], rho: float) -> tuple | None:
+    """kci_lp's combined type-I rate at a dial point (None before its records exist)."""
+    null = _dial(records, rho, "kci_lp", "null")
+    return rate(sum(combined(s) <= LEVEL for s in null), len(null))
+
+
 def predictions(rows: Rows, records: list[dict], partial: bool = False) -> list[str]:
     """Each declared prediction against what the records show (as predicted / not / undecided / no data)."""
     out = ["**Predictions** (declared in `plan.py` before any reported unit ran; judged by point estimate where the "
@@ -194,8 +200,7 @@ def predictions(rows: Rows, records: list[dict], partial: bool = False) -> list[
 
     m = PREDICTIONS
     lv = [(f"K = {k} {w}", rows.type1("kci_lp", k, w)) for k in KS for w in (EMPIRICAL, RELEASED)]
-    lv += [(f"rho = {rho}", rate(sum(combined(s) <= LEVEL for s in _dial(records, rho, "kci_lp", "null")),
-                                 len(_dial(records, rho, "kci_lp", "null")))) for rho in DIAL_RHOS]
+    lv += [(f"rho = {rho}", _dial_type1(records, rho)) for rho in DIAL_RHOS]
     lv = [(name, v) for name, v in lv if v is not None]
     bad = [name for name, v in lv if v[0] > LEVEL + m["lp_level"]["margin"]]
     line("lp_level", "no data yet" if not lv else ("not as predicted" if bad else "as predicted"),
@@ -248,16 +253,16 @@ def predictions(rows: Rows, records: list[dict], partial: bool = False) -> list[
 def reading(rows: Rows, records: list[dict]) -> list[str]:
     """Where E-KCI-lp is the test to use and where it is not, from the intervals above."""
     out = ["### Reading", ""]
-    held = [k for k in KS if (v := rows.type1("kci_lp", k)) is not None and v[0] <= LEVEL + 0.03]
+    margin = PREDICTIONS["lp_level"]["margin"]  # the declared level rule's
+    held = [k for k in KS if (v := rows.type1("kci_lp", k)) is not None and v[0] <= LEVEL + margin]
     gamma_bad = [k for k in KS if (v := rows.type1("kci", k)) is not None and v[1] > LEVEL]
     if held:
         out.append(f"- **Level**: E-KCI-lp holds it at K = {', '.join(map(str, held))} (n = "
                    f"{', '.join(str(M * k) for k in held)}); the gamma sub-test's interval lies above it at K = "
                    f"{', '.join(map(str, gamma_bad)) or 'none'}: there only E-KCI-lp is a test at all.")
-    over = [(rho, v) for rho in DIAL_RHOS for null in [_dial(records, rho, "kci_lp", "null")] if null
-            for v in [rate(sum(combined(s) <= LEVEL for s in null), len(null))] if v[0] > LEVEL + 0.03]
+    over = [(rho, v) for rho in DIAL_RHOS if (v := _dial_type1(records, rho)) is not None and v[0] > LEVEL + margin]
     if over:
-        out.append("- **Level on the dial** (K = " + str(DIAL_K) + "): the point estimate exceeds level + 0.03 at "
+        out.append(f"- **Level on the dial** (K = {DIAL_K}): the point estimate exceeds level + {margin} at "
                    + "; ".join(f"rho = {rho}: {cell(v)}" for rho, v in over)
                    + (" (so `lp_level` fails by its declared point rule; the interval still covers the level)"
                       if all(v[1] <= LEVEL <= v[2] for _, v in over) else "") + ".")
@@ -294,7 +299,7 @@ def reading(rows: Rows, records: list[dict]) -> list[str]:
         c = [d for d in c if d is not None]
         if lp is None or g is None:
             continue
-        if g[1] > LEVEL and lp[0] <= LEVEL + 0.03:
+        if g[1] > LEVEL and lp[0] <= LEVEL + margin:
             use.append(f"K = {k} (n = {M * k}): E-KCI-lp, the only one of the two that holds the level")
         elif c and any(d[2] < 0 for d in c):
             use.append(f"K = {k} (n = {M * k}): the gamma E-KCI (its level holds here, it is cheaper per subset "
