@@ -252,8 +252,9 @@ def predictions(rows: Rows, records: list[dict], partial: bool = False) -> list[
 
 def _cpu_ratio(records: list[dict], k: int) -> str:
     """kci_lp's CPU per subset over the gamma KCI's, measured side by side in this study's power units at K."""
-    pairs = [(r["metrics"]["kci_lp"]["cpu_s_per_subset"], r["metrics"]["kci"]["cpu_s_per_subset"])
-             for r in records if r["unit"].startswith(f"power-k{k}-")]
+    pairs = [(m["kci_lp"]["cpu_s_per_subset"], m["kci"]["cpu_s_per_subset"])
+             for r in records if r["unit"].startswith(f"power-k{k}-")
+             and {"kci_lp", "kci"} <= set(m := r.get("metrics", {}))]
     if not pairs:
         return "an unmeasured multiple of"
     return f"{np.mean([a for a, _ in pairs]) / np.mean([b for _, b in pairs]):.2f}x"
