@@ -1,11 +1,12 @@
 """The whole suite on both cores: ``.venv/bin/python -m tests`` (what CI runs, through ``.ci/run``).
 
-Most tests keep one core busy, so the suite runs as two pytest processes side by side (markers from conftest.py):
-the tests on the embedded session Ray cluster (``-m "cluster and not nodes"``) with a few CPU-bound modules that
-balance the two (``first_lane``, tests/conftest.py), and all the others, unit and learning tests and those that start
-their own ``ray start`` nodes. The two selections are complements, so together they are exactly ``pytest tests``; both must pass. With arguments, ``python -m tests ARGS``
-is one plain ``pytest ARGS`` (e.g. ``-m "not slow"``, the fast tier). Keep ``.cache/`` between runs to skip training
-the tiny AttnRL SFT model.
+The suite runs as three pytest processes side by side (markers from tests/conftest.py): the tests on the embedded
+session Ray cluster, all the others (unit and learning tests, and those that start their own ``ray start`` nodes), and
+the modules of ``THIRD_LANE_MODULES`` (tests/conftest.py; a session cluster of their own where a test needs one).
+Cluster tests spend much of their time waiting on Ray (actors starting, checkpoints registering): with two processes
+a third of both cores stayed idle. The three selections are complements, so together they are exactly
+``pytest tests``; all must pass. With arguments, ``python -m tests ARGS`` is one plain ``pytest ARGS`` (e.g.
+``-m "not slow"``, the fast tier). Keep ``.cache/`` between runs to skip training the tiny AttnRL SFT model.
 """
 from __future__ import annotations
 
@@ -16,26 +17,30 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-FIRST = "(cluster and not nodes) or first_lane"
-LANES = (("the tests on the session cluster (and first_lane)", FIRST),
-         ("all other tests", f"not ({FIRST})"))
+ON_SESSION_CLUSTER = "(cluster and not nodes)"
+LANES = (("the tests on the session cluster", f"{ON_SESSION_CLUSTER} and not third_lane"),
+         ("all other tests", f"not {ON_SESSION_CLUSTER} and not third_lane"),
+         ("the third lane (tests/conftest.py THIRD_LANE_MODULES)", "third_lane"))
 
 
 def main(argv: list[str]) -> int:
     pytest = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider"]
     if argv:
         return subprocess.call([*pytest, *argv], cwd=ROOT)
-    with tempfile.TemporaryFile("w+") as other_log:
-        other = subprocess.Popen([*pytest, "-q", "--durations=10", "-m", LANES[1][1], "tests"], cwd=ROOT,
-                                 stdout=other_log, stderr=subprocess.STDOUT)
-        print(f"=== {LANES[0][0]} (-m '{LANES[0][1]}'); {LANES[1][0]} run beside them ===", flush=True)
-        first = subprocess.call([*pytest, "-q", "--durations=10", "-m", LANES[0][1], "tests"], cwd=ROOT)
-        second = other.wait()
-        other_log.seek(0)
-        print(f"\n=== {LANES[1][0]} (-m '{LANES[1][1]}') ===", flush=True)
-        sys.stdout.write(other_log.read())
-    print(f"{LANES[0][0]}: exit {first}; {LANES[1][0]}: exit {second}", flush=True)
-    return first or second
+    (name, marks), others = LANES[0], LANES[1:]
+    logs = [tempfile.TemporaryFile("w+") for _ in others]
+    procs = [subprocess.Popen([*pytest, "-q", "--durations=10", "-m", m, "tests"], cwd=ROOT, stdout=log,
+                              stderr=subprocess.STDOUT) for (_, m), log in zip(others, logs)]
+    print(f"=== {name} (-m '{marks}'); the other {len(others)} lanes run beside it ===", flush=True)
+    codes = [subprocess.call([*pytest, "-q", "--durations=10", "-m", marks, "tests"], cwd=ROOT)]
+    for (other, m), proc, log in zip(others, procs, logs):
+        codes.append(proc.wait())
+        log.seek(0)
+        print(f"\n=== {other} (-m '{m}') ===", flush=True)
+        sys.stdout.write(log.read())
+        log.close()
+    print("; ".join(f"{lane}: exit {code}" for (lane, _), code in zip(LANES, codes)), flush=True)
+    return next((code for code in codes if code), 0)
 
 
 if __name__ == "__main__":

@@ -4,8 +4,8 @@ with unique names, `ray start` nodes, and the `slow` marker.
 Tiers: CI (.ci/run) runs everything. `pytest -m "not slow"` is the fast tier for iteration: every test that needs a
 Ray cluster (any of CLUSTER_FIXTURES, directly or through another fixture) is marked `cluster` and `slow` here, tests
 that train a model first (TRAINING_FIXTURES) `slow`, and learning tests carry `@pytest.mark.slow` in their files.
-Tests that start their own `ray start` nodes are also marked `nodes`: CI runs the tests on the session cluster
-(`cluster and not nodes`) and all others (`not cluster or nodes`) in two pytest processes side by side.
+Tests that start their own `ray start` nodes are also marked `nodes`: CI runs the suite as three pytest processes side
+by side (tests/__main__.py): the tests on the session cluster, all others, and THIRD_LANE_MODULES.
 
 Token auth is switched off consistently here (every client in this process and its children agrees); the job
 submission test starts its own head with token auth on and checks that a client without the token is refused.
@@ -44,14 +44,14 @@ except ImportError:  # pragma: no cover
 CLUSTER_FIXTURES = frozenset({"ray_cluster", "pool_factory", "pool_name", "module_pool_name", "local_nodes"})
 # A test that uses one of these trains a model first (unless cached): `slow`.
 TRAINING_FIXTURES = frozenset({"sft_policy"})
-# CPU-bound modules that need no cluster but run in the session cluster's pytest process (``first_lane``), so that
-# the two processes of ``python -m tests`` end at about the same time (the cluster tests wait on Ray much of theirs).
-FIRST_LANE_MODULES = frozenset({"test_vidd_molecule", "test_world_model"})
+# Modules of the third pytest process of ``python -m tests`` (``third_lane``; its own session cluster where a test needs
+# one): two processes left a third of both cores idle while tests waited on Ray, and these were the largest modules.
+THIRD_LANE_MODULES = frozenset({"test_rehearsal", "test_sweep"})
 
 
 def pytest_configure(config):
     # registered here, not in pyproject.toml: pyproject's bytes are part of the venv's stamp (experiments/venv.py)
-    config.addinivalue_line("markers", "first_lane: runs beside the session-cluster tests in `python -m tests`")
+    config.addinivalue_line("markers", "third_lane: runs in the third process of `python -m tests`")
 
 
 def pytest_collection_modifyitems(config, items):
@@ -63,8 +63,8 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.nodes)
         if (CLUSTER_FIXTURES | TRAINING_FIXTURES) & fixtures:
             item.add_marker(pytest.mark.slow)
-        if item.module.__name__.rsplit(".", 1)[-1] in FIRST_LANE_MODULES:
-            item.add_marker(pytest.mark.first_lane)
+        if item.module.__name__.rsplit(".", 1)[-1] in THIRD_LANE_MODULES:
+            item.add_marker(pytest.mark.third_lane)
 
 
 # -- the embedded cluster ------------------------------------------------------------------------------------------

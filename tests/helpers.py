@@ -42,6 +42,17 @@ def wait_for_both_workers(serve: Callable[[], list[dict]], timeout_s: float, wha
 TINY = ["experiment.tiny=true"]  # every stage's declared test budget (experiments/<method>/tour.py)
 
 
+def registered_checkpoint(learner_dir: Path) -> dict | None:
+    """The newest checkpoint Ray Train has registered for a learner (``checkpoint_dir_name``, ``metrics``): the one a
+    resumed run restarts from. A checkpoint directory appears before the Train controller records it, so the
+    directories alone do not tell (a test that read the newest directory failed when a kill fell between the two)."""
+    try:
+        snapshot = json.loads((learner_dir / "checkpoint_manager_snapshot.json").read_text())
+        return snapshot["latest_checkpoint_result"] or None
+    except (OSError, ValueError, KeyError):  # not written yet, or being replaced
+        return None
+
+
 def check_tour(tour_run: Path, methods: list[str] | None = None) -> None:
     """The tour's report has every section, plot and claim row, and each method's numbers are the ones in its runs'
     files (each method's own ``check``)."""

@@ -28,7 +28,7 @@ from cluster.store import ParquetStore
 from envs.reasoning.task import ReasoningTask
 from experiments.attnrl.sampler import LMSampler
 from experiments.attnrl.weights import gpt_weights
-from tests.helpers import InProcessPool, write_tiny_qwen2
+from tests.helpers import InProcessPool, registered_checkpoint, write_tiny_qwen2
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -139,14 +139,9 @@ def _check_run(run: Path, summary: dict, stats: dict) -> tuple:
 
 
 def _registered_update(run: Path) -> int:
-    """The latest update whose checkpoint Ray Train has registered (a resumed run restarts from it): a checkpoint
-    directory appears before the Train controller records it, so the directories alone do not tell."""
-    snapshot = run / "checkpoints" / "learner-attnrl" / "checkpoint_manager_snapshot.json"
-    try:
-        results = json.loads(snapshot.read_text())["checkpoint_results"]
-    except (OSError, ValueError, KeyError):  # not written yet, or being replaced
-        return 0
-    return int(max((r["metrics"].get("policy_version", 0) for r in results), default=0))
+    """The latest update whose checkpoint Ray Train has registered (a resumed run restarts from it)."""
+    latest = registered_checkpoint(run / "checkpoints" / "learner-attnrl")
+    return int(latest["metrics"].get("policy_version", 0)) if latest else 0
 
 
 @pytest.mark.slow

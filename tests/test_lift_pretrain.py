@@ -15,6 +15,7 @@ import pytest
 
 from cluster.metrics import read_metrics
 from cluster.store import ParquetStore
+from tests.helpers import registered_checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -52,16 +53,16 @@ def test_pendulum_learns_and_a_killed_run_resumes(tmp_path):
     ckpt_root = tmp_path / "lift_pretrain" / run_name / "checkpoints" / "learner"
     try:
         deadline = time.time() + 600  # ~60 s on a quiet core; a loaded CI machine may take many times that
-        while time.time() < deadline and not list(ckpt_root.glob("checkpoint_*/rank0.pt")):
+        while time.time() < deadline and registered_checkpoint(ckpt_root) is None:
             assert proc.poll() is None, "the first run ended before writing a checkpoint"
-            time.sleep(1)
-        assert list(ckpt_root.glob("checkpoint_*/rank0.pt")), "no checkpoint within 600 s"
-        time.sleep(2)
+            time.sleep(0.5)
+        assert registered_checkpoint(ckpt_root), "no checkpoint within 600 s"
     finally:
         _kill_cluster(temp_dir, proc)
     import torch
-    ckpt = max(ckpt_root.glob("checkpoint_*/rank0.pt"), key=lambda p: p.stat().st_mtime)
-    saved = torch.load(ckpt, weights_only=True)
+    # the checkpoint the resume restarts from (a newer directory may be half written, or written and not registered)
+    latest = registered_checkpoint(ckpt_root)
+    saved = torch.load(ckpt_root / latest["checkpoint_dir_name"] / "rank0.pt", weights_only=True)
     steps_at_ckpt, buffer_at_ckpt = saved["counters"]["env_steps"], saved["buffer"]["size"]
 
     resume = subprocess.run([sys.executable, "-m", "experiments.run", *common, "resume=true",

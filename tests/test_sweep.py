@@ -244,7 +244,9 @@ def _counting_learner(config: dict) -> None:
             state, start = json.loads((ckpt / "rank0.json").read_text()), str(ckpt)
     with open(root / "starts.jsonl", "a") as fh:
         fh.write(json.dumps({"trial": trial, "donor": "learner.init" in start, **state}) + "\n")
-    for _ in range(config["steps"] if start == "fresh" else 2):
+    # one step after an exploit: its iteration stays short of the next perturbation step, so PBT exploits once (a
+    # second exploit added a Train fit and ~15 s and checked nothing new)
+    for _ in range(config["steps"] if start == "fresh" else 1):
         state["step"] += 1
         state["value"] += config["lr"]
         if start == "fresh":
@@ -300,8 +302,12 @@ def test_pbt_exploit_moves_the_learner_state(ray_cluster, tmp_path):
         # donor's learner had checkpointed, not from its own
         written_by = {s["trial"] for s in states if (s["step"], s["value"]) == (start["step"], start["value"])}
         assert written_by - {start["trial"]}, (start, states)
+    assert len(starts) == 1, starts
     for name, df in ((r.metrics_dataframe["trial_id"].iloc[0], r.metrics_dataframe) for r in results):
-        assert not df.empty and df["step"].iloc[-1] >= 4, (name, df[["step", "value"]].values.tolist())
+        # the donor ran its 4 steps; the recipient one step past the donor's checkpoint, from its state
+        last = df.iloc[-1]
+        expected = (starts[0]["step"] + 1, 1.0) if last["from_donor"] else (4, 0.0)
+        assert (last["step"], last["from_donor"]) == expected, (name, df[["step", "value"]].values.tolist())
 
 
 def test_a_tune_state_file_cut_short_by_a_kill_refuses_the_resume(tmp_path):
