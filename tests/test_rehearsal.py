@@ -124,6 +124,14 @@ def test_collect_as_a_submitted_job_with_token_auth(cluster, tmp_path):
     assert not list(pkg.rglob("__pycache__"))
 
 
+VIDD_TINY = ["experiment.methods=[vidd,best_of_n]", "experiment.n_train=200", "experiment.n_heldout=20",
+             "experiment.seq_len=32", "experiment.d_model=32", "experiment.n_layers=1", "experiment.n_heads=2",
+             "experiment.pretrain_steps=20", "experiment.num_sampling_steps=6", "experiment.query_budget=64",
+             "experiment.batch_size=8", "experiment.timesteps_per_trajectory=2", "experiment.refresh_interval=2",
+             "experiment.best_of_n_outputs=16", "experiment.eval_samples=16", "experiment.eval_every=0",
+             "experiment.nll_time_samples=1", "experiment.refresh_check=off"]
+
+
 def _tiny_tour() -> list[str]:
     """The tour's test budgets (tests/test_tour.py); LIFT pretraining also checkpoints mid-run, each rank its shard."""
     from tests.helpers import TINY
@@ -131,18 +139,20 @@ def _tiny_tour() -> list[str]:
 
 
 def test_tour_with_ddp_learners_on_one_pool(cluster):
-    """The main job at rehearsal structure: LIFT (pretrain -> finetune) and VIDD drivers at once, each learner 2 DDP
-    replicas asking for GPUs, on one pool spread over the nodes; the replicas end identical, each LIFT pretraining
-    rank checkpoints its own shard and replay, and each LIFT finetuning rank keeps (and checkpoints) its own real env
-    shard. AttnRL's 2 DDP ranks (identical, killed and resumed) are test_attnrl_cluster's and E-CIT's tour is
-    test_tour's, both on the session cluster: here they would add CPU time and no structure."""
+    """The main job's LIFT part at rehearsal structure (pretrain -> finetune) with a VIDD driver (the DNA task: its
+    oracle and data on the worker nodes) submitted at the same time, each learner 2 DDP replicas asking for GPUs, on
+    one pool spread over the nodes; the replicas end identical, each LIFT pretraining rank checkpoints its own shard
+    and replay, and each LIFT finetuning rank keeps (and checkpoints) its own real env shard. The tour's own VIDD
+    stage (molecules) is VIDD's driver on another task: test_vidd_cluster runs it on the session cluster, and
+    test_vidd_config_keys runs the protein task's oracle and data. AttnRL's 2 DDP ranks (identical, killed and
+    resumed) are test_attnrl_cluster's and E-CIT's tour is test_tour's, both on the session cluster: here they would
+    add CPU time and no structure."""
     from cluster.metrics import read_metrics
     from tests.helpers import check_tour
-    methods = ["lift", "vidd"]
-    cluster.run("experiment=tour", f"experiment.methods=[{','.join(methods)}]", "run_name=t", *_tiny_tour(),
-                timeout=1500)
+    cluster.run_together(("experiment=tour", "experiment.methods=[lift]", "run_name=t", *_tiny_tour()),
+                         ("experiment=vidd_dna", "run_name=vidd_dna", *VIDD_TINY), timeout=1500)
     tour = cluster.out / "tour" / "t"
-    check_tour(tour, methods)
+    check_tour(tour, ["lift"])
     runs = tour / "runs"
     import torch
 
@@ -166,38 +176,18 @@ def test_tour_with_ddp_learners_on_one_pool(cluster):
     gpu_workers = [w for w in stats["workers"] if w.get("group") == "gpu"]
     assert all(w["resources"].get("GPU") == 0.25 for w in gpu_workers), gpu_workers
 
-    for experiment, methods in (("lift_finetune", ("lift", "sac_finetune")), ("vidd_molecule", ("vidd",))):
-        df = read_metrics(runs / experiment / experiment).dropna(subset=["param_max_abs_diff"])
-        assert len(df) >= len(methods) and (df["param_max_abs_diff"] == 0.0).all(), (experiment, df)
+    df = read_metrics(runs / "lift_finetune" / "lift_finetune").dropna(subset=["param_max_abs_diff"])
+    assert len(df) >= 2 and (df["param_max_abs_diff"] == 0.0).all(), df  # lift and sac_finetune
+    dna = cluster.summary("vidd_dna", "vidd_dna")
+    assert set(dna["methods"]) == {"vidd", "best_of_n"} and 0 < dna["methods"]["vidd"]["queries"] <= 64, dna
+    df = read_metrics(cluster.out / "vidd_dna" / "vidd_dna").dropna(subset=["param_max_abs_diff"])
+    assert len(df) == 1 and df["param_max_abs_diff"].iloc[0] == 0.0, df
     # LIFT finetuning: each rank has its own real env shard, world model and replay, and checkpoints its own file
     for method in ("lift", "sac_finetune"):
         ckpt = RunDir(runs / "lift_finetune" / "lift_finetune").learner_checkpoints(f"learner-{method}")[-1]
         ranks = [torch.load(ckpt / f"rank{r}.pt", weights_only=True) for r in (0, 1)]
         assert all(r["real_buffer"]["size"] == 300 for r in ranks), "each rank keeps its own shard's 300 steps"
         assert not torch.equal(ranks[0]["real_buffer"]["storage"]["obs"], ranks[1]["real_buffer"]["storage"]["obs"])
-
-
-VIDD_TINY = ["experiment.methods=[vidd,best_of_n]", "experiment.n_train=200", "experiment.n_heldout=20",
-             "experiment.seq_len=32", "experiment.d_model=32", "experiment.n_layers=1", "experiment.n_heads=2",
-             "experiment.pretrain_steps=20", "experiment.num_sampling_steps=6", "experiment.query_budget=64",
-             "experiment.batch_size=8", "experiment.timesteps_per_trajectory=2", "experiment.refresh_interval=2",
-             "experiment.best_of_n_outputs=16", "experiment.eval_samples=16", "experiment.eval_every=0",
-             "experiment.nll_time_samples=1", "experiment.refresh_check=off"]
-
-
-def test_vidd_dna_with_ddp_learners(cluster):
-    """The DNA task (its oracle and data on the worker nodes) with 2 DDP replicas. The protein task differs from it
-    only in its oracle and data, which tests/test_vidd_config_keys.py runs through the pool's sampler code; two drivers
-    at once on one pool are the tour's (above) and tests/test_pool_jobs.py's."""
-    from cluster.metrics import read_metrics
-    tasks = {"vidd_dna": []}
-    cluster.run_together(*((f"experiment={e}", f"run_name={e}", *VIDD_TINY, *extra) for e, extra in tasks.items()))
-    for experiment in tasks:
-        summary = cluster.summary(experiment, experiment)
-        assert set(summary["methods"]) == {"vidd", "best_of_n"}, (experiment, summary)
-        assert 0 < summary["methods"]["vidd"]["queries"] <= 64, (experiment, summary)
-        df = read_metrics(cluster.out / experiment / experiment).dropna(subset=["param_max_abs_diff"])
-        assert len(df) == 1 and df["param_max_abs_diff"].iloc[0] == 0.0, (experiment, df)
 
 
 def test_a_sweep_of_ddp_learners(cluster):
