@@ -116,6 +116,7 @@ def run(cfg: dict, ctx) -> dict[str, Any]:
     config = {"base": exp.base, "options": exp.base_options}
     rows = []
     start = time.perf_counter()
+    sizes = Progress("ecit", len(exp.ns), unit="n")
     for step, n in enumerate(sorted(exp.ns)):
         questions = questions_for(n, exp, cfg["seed"], False)
         full_questions = questions_for(n, exp, cfg["seed"], True) if n <= exp.full_max_n else []
@@ -135,11 +136,10 @@ def run(cfg: dict, ctx) -> dict[str, Any]:
             metrics.update(full_type1=row["full"]["type1"]["rate"], full_power=row["full"]["power"]["rate"],
                            full_cpu_s=row["full_cpu_s"])
         ctx.log(step, metrics)
-        print(f"[ecit] {step + 1}/{len(exp.ns)} n ({100 * (step + 1) / len(exp.ns):.0f}%) ETA ? | n={n} "
-              f"{exp.combine}: type1={metrics['type1']:.3f} power={metrics['power']:.3f} "
-              f"cpu/test={row['ecit_cpu_s']:.3g}s" + (f" full: type1={metrics['full_type1']:.3f} power="
-                                                     f"{metrics['full_power']:.3f} cpu/test={row['full_cpu_s']:.3g}s"
-                                                     if "full" in row else ""), flush=True)
+        sizes.update(step + 1, force=True, n=n, combiner=exp.combine, type1=metrics["type1"],
+                     power=metrics["power"], cpu_s_per_test=row["ecit_cpu_s"],
+                     **({"full_type1": metrics["full_type1"], "full_power": metrics["full_power"],
+                         "full_cpu_s_per_test": row["full_cpu_s"]} if "full" in row else {}))
     plots = plot_calibration(rows, exp, ctx.run_dir.path / "plots")
     last = rows[-1]
     return {"experiment": "ecit", "base": exp.base, "subset_size": exp.subset_size, "combine": exp.combine,

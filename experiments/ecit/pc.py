@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from algos.ecit import BASES, COMBINERS
+from cluster.metrics import Progress
 from experiments.ecit.pool_tests import Question, ask, question_seed
 
 log = logging.getLogger(__name__)
@@ -149,6 +150,7 @@ def run(cfg: dict, ctx) -> dict[str, Any]:
     results: dict[str, list[dict]] = {m: [] for m in methods}
     key = f"{ctx.run_id}/ecit-data"
     start = time.perf_counter()
+    progress = Progress("ecit_pc", graphs, unit="graphs")
     for g in range(graphs):
         spec = {**exp.data, "seed": cfg["seed"] * 1000 + g} if exp.data["kind"] == "sem" else dict(exp.data)
         ds = make_dataset(spec)
@@ -168,9 +170,8 @@ def run(cfg: dict, ctx) -> dict[str, Any]:
             res = run_pc(ds.data, truth, exp, pool, cfg["seed"] * 1000 + g, m == "full", weights, spec)
             results[m].append(res)
             ctx.log(g * len(methods) + methods.index(m), {"graph": g, "method_id": methods.index(m), **res})
-            print(f"[ecit_pc] {g + 1}/{graphs} graphs ({100 * (g + 1) / graphs:.0f}%) ETA ? | {m}: SHD={res['shd']} "
-                  f"F1={res['f1']:.3f} tests={res['tests']} cpu={res['cpu_s']:.3g}s wall={res['wall_s']:.3g}s",
-                  flush=True)
+            progress.update(g + 1, force=True, method=m, SHD=res["shd"], F1=res["f1"], tests=res["tests"],
+                            cpu_s=res["cpu_s"], wall_s=res["wall_s"])
     results = {m: r for m, r in results.items() if r}
     title = (f"PC on {exp.data.get('kind')} (n={n}), base {exp.base}, E-CIT m={exp.subset_size} "
              f"{exp.combine}" + (f" alpha={exp.alpha}" if exp.combine == "stable" else ""))
