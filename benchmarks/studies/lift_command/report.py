@@ -205,8 +205,8 @@ def tour_lines(path: Path = TOUR_RUNS) -> list[str]:
                      f"{r['lift']['falls']} | {r['sac_finetune']['falls']} |")
     def steps(r: dict, method: str) -> float:
         return math.inf if r[method]["real_steps_to_recover"] is None else r[method]["real_steps_to_recover"]
-    failed = sum(steps(r, "lift") == math.inf or r["lift"]["final_return"] < plan.RECOVER_FRACTION * r["pre_change_return"]
-                 for r in runs)
+    failed = sum(steps(r, "lift") == math.inf
+                 or r["lift"]["final_return"] < plan.RECOVER_FRACTION * r["pre_change_return"] for r in runs)
     late = sum(budget <= steps(r, "lift") < math.inf for r in runs)
     slower = sum(steps(r, "lift") > steps(r, "sac_finetune") for r in runs)
     more_falls = sum(r["lift"]["falls"] > r["sac_finetune"]["falls"] for r in runs)
