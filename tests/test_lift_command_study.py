@@ -108,7 +108,12 @@ def test_the_report_renders_partial_records(tmp_path):
     assert (tmp_path / "lift_command.png").stat().st_size > 5_000
     stopped = {**pretrain, "metrics": {**pretrain["metrics"], "holds": False,
                                        "hold": plan.hold_verdict([1000.0, 2900.0, 2000.0])}}
-    assert "does not hold: the study stops here" in report.report([stopped], tmp_path)
+    text_stopped = report.report([stopped, check], tmp_path)
+    assert "does not hold: the study stops here" in text_stopped
+    assert "| command | not run: the start model did not hold | - |" in text_stopped
+    assert "no prediction verdict" in text_stopped and "| P1" not in text_stopped
+    assert "never run (the study stopped)" in text_stopped
+    assert (tmp_path / "lift_command_start.png").stat().st_size > 5_000
     assert "The main job's LIFT part, five runs" in text  # the committed tour runs ride with the section
 
 

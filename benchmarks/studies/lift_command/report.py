@@ -67,17 +67,44 @@ def start_lines(recs: dict[str, dict]) -> list[str]:
                  f"{'holds' if hold['holds'] else 'does not hold: the study stops here'}.**")
     if "check-start" in recs:
         c = recs["check-start"]["metrics"]
+        eps = recs["check-start"].get("episodes", {})
+        falls = {k: f" ({v['falls']} of {len(v['returns'])} episodes fall)" for k, v in eps.items()}
         lines.append(f"Reference returns (unchanged, unrandomised env): {c['edge_return']:.0f} at the edge command "
-                     f"{c['edge_command']} m/s; {c['in_range_return']:.0f} at {c['in_range_command']} m/s.")
+                     f"{c['edge_command']} m/s{falls.get('edge', '')}; {c['in_range_return']:.0f} at "
+                     f"{c['in_range_command']} m/s{falls.get('in_range', '')}.")
     return lines
 
 
-def gate_lines(recs: dict[str, dict]) -> list[str]:
+def start_plot(recs: dict[str, dict], out: Path) -> Path | None:
+    """Pretraining's evaluations against env steps with the hold rule drawn on them: the best, its
+    ``HOLD_PEAK`` floor, and the last ``HOLD_LAST`` (the ones the rule reads)."""
+    if "pretrain" not in recs:
+        return None
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    curves, hold = recs["pretrain"]["curves"], recs["pretrain"]["metrics"]["hold"]
+    steps, returns = np.asarray(curves["env_steps"]) / 1000, np.asarray(curves["eval_return"])
+    fig, ax = plt.subplots(figsize=(7, 3.8))
+    ax.plot(steps, returns, color="C0", marker=".", lw=1, label=f"evaluation ({plan.EVAL_EPISODES} episodes)")
+    ax.plot(steps[-plan.HOLD_LAST:], returns[-plan.HOLD_LAST:], "o", color="C3", label=f"last {plan.HOLD_LAST}")
+    ax.axhline(returns.max(), color="k", lw=0.7, ls=":", label="best")
+    ax.axhline(plan.HOLD_PEAK * returns.max(), color="k", lw=0.7, ls="--", label=f"{plan.HOLD_PEAK:.0%} of best")
+    ax.axhline(hold["mean"], color="C3", lw=0.7, label=f"mean of last {plan.HOLD_LAST}")
+    verdict = "holds" if hold["holds"] else "does not hold"
+    ax.set(title=f"lift_command start model: {verdict}", xlabel="env steps (k)", ylabel="return (randomised env)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, loc="lower right")
+    return save_figure(fig, out)
+
+
+def gate_lines(recs: dict[str, dict], stopped: bool = False) -> list[str]:
     lines = ["| condition | zero-shot / reference (kept) | gate (<= 80 %) |", "|---|---|---|"]
     for condition in ("command", "gear"):
         g = recs.get(f"gate-{condition}")
         if g is None:
-            lines.append(f"| {condition} | not run yet | - |")
+            lines.append(f"| {condition} | {'not run: the start model did not hold' if stopped else 'not run yet'} "
+                         "| - |")
             continue
         m = g["metrics"]
         tried = ", ".join(f"x{t['rung']} {t['kept']:.0%}" for t in g["ladder"]) if condition == "gear" else ""
@@ -149,12 +176,13 @@ def prediction_lines(records: list[dict], recs: dict[str, dict]) -> list[str]:
     return lines
 
 
-def budget_lines(records: list[dict]) -> list[str]:
+def budget_lines(records: list[dict], stopped: bool = False) -> list[str]:
     spent = sum(r.get("cpu_s", 0.0) for r in records) / 3600
     pending = [u for u in plan.units() if u.name not in {r["unit"] for r in records}]
     left = sum(u.est_core_s for u in pending) / 3600
+    fate = "never run (the study stopped)" if stopped else "not run yet"
     return [f"Budget: {spent:.2f} core-h measured over {len(records)} finished units; {len(pending)} units "
-            f"(~{left:.2f} core-h declared) not run yet, of the {plan.BUDGET_CORE_H:.0f} core-hours. What the budget "
+            f"(~{left:.2f} core-h declared) {fate}, of the {plan.BUDGET_CORE_H:.0f} core-hours. What the budget "
             f"cut short, for every method alike: HUPT x0.1 (10 -> 100 branches: 2 SAC steps per real step at the "
             f"ramp's end, LIFT 20), {plan.PRETRAIN_STEPS // 1000}k pretraining steps (LIFT 40M+), "
             f"{plan.EVAL_EPISODES} evaluation episodes per epoch (LIFT 1024), no tuning."]
@@ -225,12 +253,20 @@ def tour_lines(path: Path = TOUR_RUNS) -> list[str]:
 def report(records: list[dict], out_dir: Path) -> str:
     recs = {r["unit"]: r for r in records}
     lines = ["## LIFT on its own change (issue 47)", "", OBJECTION, "", *start_lines(recs), ""]
-    if "check-start" in recs or "gate-command" in recs or "gate-gear" in recs:
-        lines += [*gate_lines(recs), ""]
     stopped = "pretrain" in recs and not recs["pretrain"]["metrics"]["holds"]
+    if "check-start" in recs or "gate-command" in recs or "gate-gear" in recs:
+        lines += [*gate_lines(recs, stopped), ""]
+    here = out_dir.parent if out_dir.name == "records" else out_dir
+    start_figure = start_plot(recs, here / "lift_command_start.png")
+    if start_figure is not None:
+        lines += [f"Plot: `{start_figure.name}` beside this report (pretraining's evaluations and the hold rule).", ""]
     if stopped:
-        lines += ["No gate or method unit runs on a start model that did not hold (the rule is never relaxed).", ""]
-    figure = plot(records, (out_dir.parent if out_dir.name == "records" else out_dir) / "lift_command.png")
+        lines += ["No gate or method unit runs on a start model that did not hold (the rule is never relaxed): "
+                  "no condition table and no prediction verdict exists for this start model.", "",
+                  *budget_lines(records, stopped=True)]
+        tour = tour_lines()
+        return "\n".join(lines + (["", *tour] if tour else [])) + "\n"
+    figure = plot(records, here / "lift_command.png")
     if figure is not None:
         lines += [f"Plot: `{figure.name}` beside this report (return vs real steps per condition).", ""]
     for condition in plan.CONDITIONS:
