@@ -3,6 +3,7 @@ synthetic partial records (written into tmp_path, never into benchmarks/)."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import yaml
@@ -170,3 +171,42 @@ def test_the_stage_and_the_units_run_end_to_end_at_a_tiny_size(tmp_path):
     assert lift["curves"]["real_steps"] == [0, 200] and lift["metrics"]["stochastic_requests"] == 0
     assert lift["metrics"]["reference_return"] == check["metrics"]["in_range_return"]
     assert lift["metrics"]["sac_steps_per_real_step_last_epoch"] == pytest.approx(1 * 20 / 100)  # HUPT(0) x 20
+
+
+def test_the_second_start_model_is_declared_and_stays_within_the_issues_budget():
+    """lift_command_warm differs from lift_command only in its pretraining setting (a declared start file, fewer
+    steps); both start models together fit issue 47's 6 core-hours; the first study is stopped by its record."""
+    from benchmarks.studies.lift_command.stage import declared_file
+    from benchmarks.studies.lift_command_warm import plan as warm
+    first, second = plan.units(), warm.units()
+    assert [u.name for u in first] == [u.name for u in second]
+    differ = [u.name for u, v in zip(first, second) if u.setting != v.setting or u.fn != v.fn]
+    assert differ == ["pretrain"]
+    setting = second[0].setting
+    assert setting["env_steps"] == warm.PRETRAIN_STEPS and setting["hold"] == first[0].setting["hold"]
+    assert declared_file(setting["init_agent"]).is_file() and warm.within_budget()
+    with pytest.raises(ValueError, match="not the declared"):
+        declared_file({**setting["init_agent"], "sha256": "0" * 64})
+    failed = {"pretrain": {"metrics": {"holds": False, "hold": {"why": "mean 87.7% of the best"}}}}
+    assert "did not hold (mean 87.7% of the best)" in plan.stopped(failed)
+    assert plan.stopped({}) is None and plan.stopped({"pretrain": {"metrics": {"holds": True}}}) is None
+
+
+@pytest.mark.slow
+def test_the_second_start_model_continues_the_declared_agent(tmp_path):
+    """lift_command_warm's pretraining stage starts from the declared agent file: its first evaluation (before any
+    update) is the walking policy's, far above what fresh weights reach; the update count carries on from it."""
+    import torch
+
+    from benchmarks.study.runner import run_unit_inline
+    from benchmarks.studies.lift_command_warm import STUDY, plan as warm
+    tiny = {"learner": {"sac": {"min_replay_size": 128, "batch_size": 32, "num_envs": 4}, "eval_every_steps": 160,
+                        "eval_episodes": 2, "checkpoint_every_updates": 10_000, "parquet_chunk": 128,
+                        "total_env_steps": 160},
+            "exp": {"wm_pretrain_steps": 20, "wm_eval_every": 10}, "reserve_s": 0.0, "stage2_fit_s": 1.0}
+    record = run_unit_inline(STUDY, "pretrain", tmp_path, overrides=tiny, call_s=600.0)
+    assert record is not None and record["metrics"]["env_steps"] == 160
+    start = torch.load(Path(__file__).resolve().parents[1] / warm.INIT_AGENT["path"], weights_only=True)
+    assert record["metrics"]["updates"] > start["num_updates"]
+    assert record["curves"]["eval_return"][0] > 2000, record["curves"]  # fresh weights: < 100 (lift_command's 25)
+    assert record["learner"]["init_agent"].endswith(warm.INIT_AGENT["path"])

@@ -106,3 +106,41 @@ def test_one_rank_pauses_at_a_deadline_and_resumes_the_learner_users_run(tmp_pat
     assert not df["step"].duplicated().any()
     assert _replay_rows(run) == 320, "Parquet replay holds every transition exactly once"
     assert (run / "agent.pt").exists() and (run / "policy.pt").exists()
+
+
+def test_a_run_starts_from_an_agent_file_and_refuses_one_that_does_not_fit(tmp_path):
+    """``experiment.init_agent``: a fresh run takes a finished run's agent (weights, temperature, obs statistics, update
+    count) and this run's own learning rates, with an empty replay; a file for another architecture, or none, is
+    refused naming the key."""
+    import torch
+
+    from experiments.lift.pretrain_learner import run_one_rank
+    exp = {"sac_preset": "pendulum", "sac": {"num_envs": 4, "batch_size": 32, "min_replay_size": 64, "bf16": False},
+           "total_env_steps": 128, "steps_per_round": 8, "eval_every_steps": 128, "eval_episodes": 1,
+           "checkpoint_every_updates": 100_000, "parquet_chunk": 64}
+    first = tmp_path / "first"
+    config = {"experiment": exp, "pool": {}, "run_path": str(first), "run_id": "first", "task": "pendulum",
+              "seed": 0, "torch_threads": 1, "change": None}
+    assert run_one_rank(config) is True
+    given = torch.load(first / "agent.pt", weights_only=True)
+    assert given["num_updates"] > 0
+
+    second = tmp_path / "second"
+    exp2 = {**exp, "init_agent": str(first / "agent.pt"), "sac": {**exp["sac"], "actor_lr": 1e-5}}
+    asked = iter(range(1000))
+    assert run_one_rank({**config, "experiment": exp2, "run_path": str(second), "run_id": "second", "seed": 3},
+                        should_stop=lambda: next(asked) >= 1) is False  # paused after one round: no update yet
+    saved = torch.load(second / "checkpoints" / "latest" / "rank0.pt", weights_only=True)
+    agent = saved["agent"]
+    assert agent["num_updates"] == given["num_updates"]
+    for key in ("actor", "critic", "target_critic", "log_alpha"):
+        assert all(torch.equal(agent[key][k], given[key][k]) for k in given[key]), key
+    assert [g["lr"] for g in agent["actor_opt"]["param_groups"]] == [1e-5], "this run's learning rate applies"
+    assert saved["counters"]["env_steps"] == 4 * 8 and saved["buffer"]["size"] == 4 * 8, "the replay starts empty"
+
+    bigger = {**exp, "init_agent": str(first / "agent.pt"), "sac": {**exp["sac"], "actor_hidden": [16, 16]}}
+    with pytest.raises(ValueError, match="experiment.init_agent: .* does not fit"):
+        run_one_rank({**config, "experiment": bigger, "run_path": str(tmp_path / "third"), "run_id": "third"})
+    with pytest.raises(ValueError, match="experiment.init_agent: no agent file"):
+        run_one_rank({**config, "experiment": {**exp, "init_agent": str(tmp_path / "none.pt")},
+                      "run_path": str(tmp_path / "fourth"), "run_id": "fourth"})

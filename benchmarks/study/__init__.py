@@ -14,6 +14,7 @@ checkpoints. This package is the machinery they share, and the stages two studie
 STUDIES: dict[str, str] = {
     "lift_official": "benchmarks.studies.lift_official:STUDY",
     "lift_command": "benchmarks.studies.lift_command:STUDY",
+    "lift_command_warm": "benchmarks.studies.lift_command_warm:STUDY",
     "vidd_budget": "benchmarks.studies.vidd_budget:STUDY",
     "vidd_budget_molecule": "benchmarks.studies.vidd_budget_molecule:STUDY",
     "vidd_plateau": "benchmarks.studies.vidd_plateau:STUDY",

@@ -69,6 +69,11 @@ class Study:
     units: Callable[[], list[Unit]]
     start_files: Callable[[Path], list[Path]]
     report: str  # "module:function": fn(records, out_dir) -> a RESULTS.md section starting with "## "
+    # records by unit -> why the study ends here (a declared rule that failed: no unit after it runs), else None
+    stopped: Callable[[dict[str, dict]], str | None] | None = None
+
+    def why_stopped(self, records: list[dict]) -> str | None:
+        return self.stopped({r["unit"]: r for r in records}) if self.stopped else None
 
     def plan(self) -> list[Unit]:
         """The units, checked: unique names, dependencies that exist and come earlier."""

@@ -245,7 +245,10 @@ class Pending:
 def runnable(study: Study, paths: Paths, skip: set[tuple[str, str]]) -> tuple[list[Unit], int]:
     """(units that can start now, how many pending units wait on something another lane is doing)."""
     out_dir = paths.results(study.name)
-    done = {r["unit"] for r in load_records(out_dir)}
+    records = load_records(out_dir)
+    if study.why_stopped(records):
+        return [], 0  # a declared rule ended the study: nothing after it runs
+    done = {r["unit"] for r in records}
     has_start = start_sha(study, paths) is not None
     ready, waiting = [], 0
     for unit in study.plan():

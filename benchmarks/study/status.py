@@ -45,6 +45,9 @@ def status_rows(which: str, paths: Paths) -> list[dict]:
                                    f"{spent_so_far['cpu_s'] / 3600:.2f} core-h so far")
             left += cost
         ready, waiting = runnable(study, paths, set())
+        stopped = study.why_stopped(records)
+        if stopped:
+            left = 0.0  # its pending units never run
         failed = [u.name for u in pending if paths.failure(study.name, u.name).exists()]
         reported = [u for u in plan if u.role == "report"]
         rows.append({"study": study.name, "done": len(plan) - len(pending), "units": len(plan),
@@ -53,7 +56,7 @@ def status_rows(which: str, paths: Paths) -> list[dict]:
                      "core_h_left": left / 3600,
                      "core_h_spent": sum(r["cpu_s"] for r in records) / 3600,
                      "report_done": sum(u.name in by_name for u in reported), "report_units": len(reported),
-                     "start_sha": (start_sha(study, paths) or "-")[:12], "stages": in_progress})
+                     "start_sha": (start_sha(study, paths) or "-")[:12], "stages": in_progress, "stopped": stopped})
     return rows
 
 
@@ -76,7 +79,7 @@ def format_status(rows: list[dict]) -> str:
             continue
         lines.append(f"{r['study']:<15}{r['done']:>5}/{r['units']:<4}{r['pending']:>9}{r['runnable']:>10}"
                      f"{r['report_done']:>5}/{r['report_units']:<4}{r['core_h_spent']:>14.2f}{r['core_h_left']:>13.2f}"
-                     f"  {r['start_sha']}" + _failed_note(r)
+                     f"  {r['start_sha']}" + (f"  stopped: {r['stopped']}" if r.get("stopped") else _failed_note(r))
                      + (f"  stage in progress: {'; '.join(r['stages'])}" if r["stages"] else ""))
     total = sum(r.get("core_h_left", 0.0) for r in rows)
     lines.append(f"core-hours left in all: {total:.2f} (measured cost per role and method where units of it finished, "

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from envs.control.tasks import TASKS
 
@@ -31,6 +32,10 @@ class Config:
     # envs.control.changes spec of the pretraining env itself, e.g. a velocity command for LIFT's OOD-command
     # finetuning: {name: target_velocity, command_range: [0, 1.5]} (stage 3 then asks for a command outside it)
     change: dict | None = None
+    # start from a pretraining's agent file (its agent.pt: weights, optimisers, temperature, obs statistics) instead
+    # of fresh weights, e.g. to go on training a policy under domain randomisation; the replay starts empty. A resumed
+    # run keeps its own checkpoint.
+    init_agent: str | None = None
     device: str = "auto"
 
     def __post_init__(self) -> None:
@@ -41,6 +46,8 @@ class Config:
                     "checkpoint_every_updates", "parquet_chunk"):
             if getattr(self, key) < 1:
                 raise ValueError(f"experiment.{key}: must be >= 1, got {getattr(self, key)}")
+        if self.init_agent is not None and not Path(self.init_agent).is_file():
+            raise ValueError(f"experiment.init_agent: no agent file at {self.init_agent!r} (a pretraining's agent.pt)")
 
     def sac_config(self):
         from algos.lift.sac import PRESETS, SACConfig

@@ -127,6 +127,8 @@ class PretrainLearner:
         self.counters = {"env_steps": 0, "rounds": 0, "wall_s": 0.0, "resumed_from": -1}
         self.run_path = run_path
         self.resume()
+        if exp.init_agent and self.counters["resumed_from"] < 0:
+            self.start_from(exp.init_agent)
         self.agent.wrap(ddp.wrap_ddp)
 
         self.pool = pool if pool is not None else attach_pool(config["pool"], scope=config["run_id"])
@@ -159,6 +161,21 @@ class PretrainLearner:
         log.info("rank %d resumed at %d env steps, %d updates, buffer %d (dropped %d Parquet parts written "
                  "after the checkpoint)", self.rank, self.counters["env_steps"], self.agent.num_updates,
                  len(self.buffer), removed)
+
+    def start_from(self, path: str) -> None:
+        """A fresh run's agent from a pretraining's agent file (every rank loads the same file, so DDP's replicas
+        start identical); its update count carries on, the replay starts empty."""
+        state = torch.load(path, weights_only=True, map_location=self.agent.device)
+        try:
+            self.agent.load_state_dict(state)
+        except (ValueError, KeyError, RuntimeError) as err:
+            raise ValueError(f"experiment.init_agent: {path} does not fit this run's agent ({err})") from None
+        # an optimiser's state carries the learning rate it was saved with: this run's own rates apply
+        for opt, lr in ((self.agent.actor_opt, self.sac.actor_lr), (self.agent.critic_opt, self.sac.critic_lr),
+                        (self.agent.alpha_opt, self.sac.alpha_lr)):
+            for group in opt.param_groups:
+                group.update(lr=lr, weight_decay=self.sac.weight_decay)
+        log.info("rank %d starts from %s (%d updates in it)", self.rank, path, self.agent.num_updates)
 
     def start(self) -> None:
         """Publish the starting policy and send the first round."""

@@ -131,17 +131,32 @@ def hold_verdict(eval_returns: list[float]) -> dict:
     return {"last": last, "spread": spread, "mean": mean, "peak": peak, "holds": bool(holds), "why": why}
 
 
+def stopped(records: dict[str, dict]) -> str | None:
+    """The study ends at a start model that failed the hold rule (declared; never relaxed)."""
+    pretrain = records.get("pretrain")
+    if pretrain is None or pretrain["metrics"]["holds"]:
+        return None
+    return f"the start model did not hold ({pretrain['metrics']['hold']['why']})"
+
+
 def start_files(artifacts: Path) -> list[Path]:
     return [artifacts / "pretrain" / "agent.pt", *(artifacts / "stage2" / f"{k}.pt" for k in WM_KINDS)]
 
 
-def units() -> list[Unit]:
+def pretrain_setting(**declared) -> dict:
+    """The pretraining stage's declared setting; a study of another start model (``lift_command_warm``) overrides
+    its step budget or where it starts (``init_agent``)."""
+    return {"preset": PRESET, "env_steps": PRETRAIN_STEPS, "eval_episodes": EVAL_EPISODES,
+            "change": lift_kind_pretrain(), "hold": {"last": HOLD_LAST, "spread": HOLD_SPREAD, "peak": HOLD_PEAK},
+            "wm_kinds": list(WM_KINDS), "wm_rows": WM_ROWS, **declared}
+
+
+def units(pretrain: dict | None = None, pretrain_est_s: float = EST_CORE_S["pretrain"]) -> list[Unit]:
+    """The units of a study of this design: its start model (``pretrain``), the checks and gates, and the method
+    units seed by seed. Only the pretraining setting differs between ``lift_command`` and ``lift_command_warm``."""
     stage, fn = "benchmarks.studies.lift_command.stage:", "benchmarks.studies.lift_command.units:"
     plan = [Unit("pretrain", "stage", "pretrain", PRETRAIN_SEED, stage + "run_pretrain",
-                 {"preset": PRESET, "env_steps": PRETRAIN_STEPS, "eval_episodes": EVAL_EPISODES,
-                  "change": lift_kind_pretrain(), "hold": {"last": HOLD_LAST, "spread": HOLD_SPREAD,
-                                                           "peak": HOLD_PEAK}, "wm_kinds": list(WM_KINDS),
-                  "wm_rows": WM_ROWS}, est_core_s=EST_CORE_S["pretrain"]),
+                 pretrain or pretrain_setting(), est_core_s=pretrain_est_s),
             Unit("check-start", "gate", "check", None, fn + "run_check_start",
                  {"edge_command": EDGE_COMMAND, "in_range_command": IN_RANGE_COMMAND, "episodes": EVAL_EPISODES},
                  ("pretrain",), est_core_s=60.0),
@@ -162,4 +177,4 @@ def units() -> list[Unit]:
 
 
 STUDY = Study(name="lift_command", title="LIFT on its own change (issue 47)", units=units, start_files=start_files,
-              report="benchmarks.studies.lift_command.report:report")
+              report="benchmarks.studies.lift_command.report:report", stopped=stopped)

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -25,6 +27,23 @@ OBJECTION = ("**The authors' first objection** (declared in `benchmarks/studies/
              "`sac_deterministic` separates the model from deterministic acting. **Not answered:** "
              f"{plan.PRETRAIN_STEPS // 1000}k pretraining steps, not 40M; a planar walker; 2 SAC steps per real step "
              "at the ramp's end, not 20.")
+
+
+@dataclass(frozen=True)
+class Framing:
+    """What differs between the studies this report renders (``lift_command`` and its second start model,
+    ``lift_command_warm``): their heading, opening lines, how the start model was made, and their units."""
+    title: str
+    opening: tuple[str, ...]
+    start_model: str  # "from fresh weights", "from lift_official's start model", ...
+    pretrain_steps: int
+    figure_stem: str
+    units: Callable[[], list] = plan.units
+    budget_note: str = ""
+
+
+FRAMING = Framing(title="LIFT on its own change (issue 47)", opening=(OBJECTION,),
+                  start_model="from fresh weights", pretrain_steps=plan.PRETRAIN_STEPS, figure_stem="lift_command")
 METRICS = (  # (record metric, column, format)
     *((f"return_at.{s}", f"return @{s}", "{:.0f}") for s in plan.FIXED_STEPS),
     ("steps_to_80_censored", f"real steps to 80 % (censored at {plan.REAL_STEPS})", "{:.0f}"),
@@ -51,13 +70,15 @@ def by_seed(records: list[dict], condition: str, method: str, key: str) -> dict[
     return out
 
 
-def start_lines(recs: dict[str, dict]) -> list[str]:
+def start_lines(recs: dict[str, dict], framing: Framing = FRAMING) -> list[str]:
     if "pretrain" not in recs:
-        return [f"Start model: pretraining in progress ({plan.PRETRAIN_STEPS} env steps declared; the learner "
-                "`experiments/lift/pretrain_learner.run_one_rank`, checkpointed every <= 15 min)."]
+        return [f"Start model: pretraining in progress ({framing.pretrain_steps} env steps declared, "
+                f"{framing.start_model}; the learner `experiments/lift/pretrain_learner.run_one_rank`, checkpointed "
+                "every <= 15 min)."]
     r = recs["pretrain"]
     m, evals = r["metrics"], r["curves"]["eval_return"]
-    lines = [f"Start model: {m['env_steps']} env steps, {m['updates']} SAC updates by the learner users run, on "
+    lines = [f"Start model: {m['env_steps']} env steps {framing.start_model} (its update count at the end "
+             f"{m['updates']}) by the learner users run, on "
              f"Walker2d with a command v* ~ U{tuple(plan.COMMAND_RANGE)} under LIFT's randomisation; CPU "
              f"{m['learner_cpu_s'] / 3600:.2f} core-h for the learner with its env workers (in process), "
              f"{m.get('stage2_cpu_s', 0.0) / 60:.1f} core-min for stage 2; its last evaluations "
@@ -75,7 +96,7 @@ def start_lines(recs: dict[str, dict]) -> list[str]:
     return lines
 
 
-def start_plot(recs: dict[str, dict], out: Path) -> Path | None:
+def start_plot(recs: dict[str, dict], out: Path, name: str = "lift_command") -> Path | None:
     """Pretraining's evaluations against env steps with the hold rule drawn on them: the best, its
     ``HOLD_PEAK`` floor, and the last ``HOLD_LAST`` (the ones the rule reads)."""
     if "pretrain" not in recs:
@@ -92,7 +113,7 @@ def start_plot(recs: dict[str, dict], out: Path) -> Path | None:
     ax.axhline(plan.HOLD_PEAK * returns.max(), color="k", lw=0.7, ls="--", label=f"{plan.HOLD_PEAK:.0%} of best")
     ax.axhline(hold["mean"], color="C3", lw=0.7, label=f"mean of last {plan.HOLD_LAST}")
     verdict = "holds" if hold["holds"] else "does not hold"
-    ax.set(title=f"lift_command start model: {verdict}", xlabel="env steps (k)", ylabel="return (randomised env)")
+    ax.set(title=f"{name} start model: {verdict}", xlabel="env steps (k)", ylabel="return (randomised env)")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7, loc="lower right")
     return save_figure(fig, out)
@@ -176,16 +197,17 @@ def prediction_lines(records: list[dict], recs: dict[str, dict]) -> list[str]:
     return lines
 
 
-def budget_lines(records: list[dict], stopped: bool = False) -> list[str]:
+def budget_lines(records: list[dict], stopped: bool = False, framing: Framing = FRAMING) -> list[str]:
     spent = sum(r.get("cpu_s", 0.0) for r in records) / 3600
-    pending = [u for u in plan.units() if u.name not in {r["unit"] for r in records}]
+    pending = [u for u in framing.units() if u.name not in {r["unit"] for r in records}]
     left = sum(u.est_core_s for u in pending) / 3600
     fate = "never run (the study stopped)" if stopped else "not run yet"
     return [f"Budget: {spent:.2f} core-h measured over {len(records)} finished units; {len(pending)} units "
             f"(~{left:.2f} core-h declared) {fate}, of the {plan.BUDGET_CORE_H:.0f} core-hours. What the budget "
             f"cut short, for every method alike: HUPT x0.1 (10 -> 100 branches: 2 SAC steps per real step at the "
-            f"ramp's end, LIFT 20), {plan.PRETRAIN_STEPS // 1000}k pretraining steps (LIFT 40M+), "
-            f"{plan.EVAL_EPISODES} evaluation episodes per epoch (LIFT 1024), no tuning."]
+            f"ramp's end, LIFT 20), {framing.pretrain_steps // 1000}k pretraining steps {framing.start_model} "
+            f"(LIFT 40M+), {plan.EVAL_EPISODES} evaluation episodes per epoch (LIFT 1024), no tuning."
+            + (f" {framing.budget_note}" if framing.budget_note else "")]
 
 
 def plot(records: list[dict], out: Path) -> Path | None:
@@ -250,31 +272,31 @@ def tour_lines(path: Path = TOUR_RUNS) -> list[str]:
     return lines
 
 
-def report(records: list[dict], out_dir: Path) -> str:
+def report(records: list[dict], out_dir: Path, framing: Framing = FRAMING) -> str:
     recs = {r["unit"]: r for r in records}
-    lines = ["## LIFT on its own change (issue 47)", "", OBJECTION, "", *start_lines(recs), ""]
+    lines = [f"## {framing.title}", "", *(p for line in framing.opening for p in (line, "")),
+             *start_lines(recs, framing), ""]
     stopped = "pretrain" in recs and not recs["pretrain"]["metrics"]["holds"]
     if "check-start" in recs or "gate-command" in recs or "gate-gear" in recs:
         lines += [*gate_lines(recs, stopped), ""]
     here = out_dir.parent if out_dir.name == "records" else out_dir
-    start_figure = start_plot(recs, here / "lift_command_start.png")
+    start_figure = start_plot(recs, here / f"{framing.figure_stem}_start.png", framing.figure_stem)
     if start_figure is not None:
         lines += [f"Plot: `{start_figure.name}` beside this report (pretraining's evaluations and the hold rule).", ""]
+    tour = tour_lines()
+    tail = ["", *tour] if tour else []
     if stopped:
         lines += ["No gate or method unit runs on a start model that did not hold (the rule is never relaxed): "
                   "no condition table and no prediction verdict exists for this start model.", "",
-                  *budget_lines(records, stopped=True)]
-        tour = tour_lines()
-        return "\n".join(lines + (["", *tour] if tour else [])) + "\n"
-    figure = plot(records, here / "lift_command.png")
+                  *budget_lines(records, stopped=True, framing=framing), *tail]
+        return "\n".join(lines) + "\n"
+    figure = plot(records, here / f"{framing.figure_stem}.png")
     if figure is not None:
         lines += [f"Plot: `{figure.name}` beside this report (return vs real steps per condition).", ""]
     for condition in plan.CONDITIONS:
         lines += [f"**{condition}** (mean [95 % t-interval] over seeds; never-reached runs count {plan.REAL_STEPS})",
                   "", *condition_lines(records, condition), ""]
-    lines += ["**Predictions** (declared in `plan.PREDICTIONS` before any reported unit ran)", "",
-              *prediction_lines(records, recs), "", *budget_lines(records)]
-    tour = tour_lines()
-    if tour:
-        lines += ["", *tour]
+    lines += ["**Predictions** (declared in `benchmarks/studies/lift_command/plan.py` `PREDICTIONS` before any "
+              "reported unit ran)", "", *prediction_lines(records, recs), "", *budget_lines(records, framing=framing),
+              *tail]
     return "\n".join(lines) + "\n"

@@ -35,9 +35,24 @@ def learner_config(ctx: UnitContext, run_path: Path) -> dict[str, Any]:
     sac = {**raw.get("sac", {}), **small.pop("sac", {}), "bf16": False}  # fp32: no machine-dependent float path
     exp = {**raw, "sac": sac, "total_env_steps": setting["env_steps"], "eval_episodes": setting["eval_episodes"],
            **small}
+    if setting.get("init_agent"):
+        exp["init_agent"] = str(declared_file(setting["init_agent"]))
     Config(**exp)  # refuses an unknown key here, not inside the learner
-    return {"experiment": exp, "pool": {}, "run_path": str(run_path), "run_id": f"lift_command-pretrain-s{ctx.seed}",
+    return {"experiment": exp, "pool": {}, "run_path": str(run_path), "run_id": f"{ctx.study}-pretrain-s{ctx.seed}",
             "task": "walker2d", "seed": ctx.seed, "torch_threads": 1, "change": exp["change"]}
+
+
+def declared_file(spec: dict[str, str]) -> Path:
+    """A file the plan declared by repo-relative path and SHA-256 (the start a study continues from): refused if it
+    is missing or not the declared bytes, so the record cannot say one thing and the run use another."""
+    import hashlib
+    path = ROOT / spec["path"]
+    if not path.is_file():
+        raise FileNotFoundError(f"the declared start file {spec['path']} is missing")
+    digest = hashlib.sha256(path.read_bytes()).hexdigest()
+    if digest != spec["sha256"]:
+        raise ValueError(f"{spec['path']} has SHA-256 {digest}, not the declared {spec['sha256']}")
+    return path
 
 
 def eval_curve(run_path: Path) -> tuple[list[int], list[float], dict[str, Any]]:

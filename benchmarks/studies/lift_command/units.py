@@ -56,7 +56,7 @@ def run_gate(ctx: UnitContext) -> dict:
     records = ctx.records()
     why = refusal(records, "nochange")  # the start model's verdict alone: a failed hold stops the study here
     if why is not None:
-        raise StudyError(f"lift_command/{ctx.unit.name}: refused: {why}")
+        raise StudyError(f"{ctx.study}/{ctx.unit.name}: refused: {why}")
     check = records["check-start"]["metrics"]
     act = lift_stages.policy_of(ctx)
     condition = ctx.setting["condition"]
@@ -115,7 +115,7 @@ def run_method(ctx: UnitContext) -> dict:
     condition = ctx.setting["condition"]
     why = refusal(records, condition)
     if why is not None:
-        raise StudyError(f"lift_command/{ctx.unit.name}: refused: {why}")
+        raise StudyError(f"{ctx.study}/{ctx.unit.name}: refused: {why}")
     check = records["check-start"]["metrics"]
     reference = check[plan.REFERENCE[condition]]
     if condition == "nochange":
