@@ -34,6 +34,18 @@ def _committed_step(run_path: Path) -> int:
     return commit.step if commit else 0
 
 
+def _tune_results_with_checkpoint(sweep_path: Path) -> int:
+    """How many results with a checkpoint Tune's controller has processed (logged in its trials' result.json)."""
+    rows = 0
+    for result in (sweep_path / "tune").glob("*/result.json"):
+        for line in result.read_text().splitlines():
+            try:
+                rows += json.loads(line).get("checkpoint_dir_name") is not None
+            except json.JSONDecodeError:  # a line being written
+                pass
+    return rows
+
+
 def _check_complete(run_path: Path) -> dict[str, np.ndarray]:
     """Exactly the requested transitions, every shard once and whole, metrics steps 1..SHARDS each once."""
     data = ParquetStore(run_path / "data" / "transitions").to_numpy()
@@ -112,8 +124,10 @@ def test_tune_trial_killed_is_retried_from_checkpoint(pool_name, tmp_path):
 
     def kill_trial():
         def started_and_committed():
+            # Tune processes a trial's results in order: once it has logged the second, the first's checkpoint is
+            # registered, so the retry restores from it (killed earlier, a retry could only resume from the disk)
             for attempts in trials.glob("*/attempts.jsonl"):
-                if _committed_step(attempts.parent) >= 2:
+                if _committed_step(attempts.parent) >= 2 and _tune_results_with_checkpoint(sweep_path) >= 2:
                     return json.loads(attempts.read_text().splitlines()[0])["pid"]
             return None
         os.kill(wait_until(started_and_committed, 180, "a trial with two committed shards"), signal.SIGKILL)
