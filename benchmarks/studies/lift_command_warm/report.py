@@ -30,7 +30,7 @@ FRAMING = design.Framing(
     start_model="under randomisation, continued from lift_official's start model", pretrain_steps=plan.PRETRAIN_STEPS,
     figure_stem="lift_command_warm", units=plan.units,
     budget_note=f"Issue 47's budget also holds lift_command's {plan.FIRST_ATTEMPT_CORE_H:.2f} core-h (its failed "
-                "start model).")
+                "start model); the start model's 300k nominal steps were lift_official's, counted in its budget.")
 
 
 def report(records: list[dict], out_dir: Path) -> str:
