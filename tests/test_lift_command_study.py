@@ -106,6 +106,10 @@ def test_the_report_renders_partial_records(tmp_path):
     assert "↳ lift, no-change arm | 2 |" in text
     p1 = next(line for line in text.splitlines() if line.startswith("| P1"))
     assert "a better (as predicted)" in p1
+    reading = text[text.index("**Reading**"):text.index("Budget:")]
+    assert "partial: seeds [10, 11, 12] of [10, 11, 12, 13, 14]" in reading
+    assert "P1 (lift - sac_finetune, steps_to_80_censored) -5670.00" in reading and "3 seed(s): **a better**" in reading
+    assert "command -1.40" in reading and "P3: no paired seeds yet" in reading
     assert (tmp_path / "lift_command.png").stat().st_size > 5_000
     stopped = {**pretrain, "metrics": {**pretrain["metrics"], "holds": False,
                                        "hold": plan.hold_verdict([1000.0, 2900.0, 2000.0])}}

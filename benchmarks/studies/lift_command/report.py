@@ -40,10 +40,13 @@ class Framing:
     figure_stem: str
     units: Callable[[], list] = plan.units
     budget_note: str = ""
+    after_stop: str = ""  # what followed a stop (declared after it)
 
 
 FRAMING = Framing(title="LIFT on its own change (issue 47)", opening=(OBJECTION,),
-                  start_model="from fresh weights", pretrain_steps=plan.PRETRAIN_STEPS, figure_stem="lift_command")
+                  start_model="from fresh weights", pretrain_steps=plan.PRETRAIN_STEPS, figure_stem="lift_command",
+                  after_stop="After this stop, and declared after it, the same design runs on a second start model: "
+                             "[`../lift_command_warm/REPORT.md`](../lift_command_warm/REPORT.md).")
 METRICS = (  # (record metric, column, format)
     *((f"return_at.{s}", f"return @{s}", "{:.0f}") for s in plan.FIXED_STEPS),
     ("steps_to_80_censored", f"real steps to 80 % (censored at {plan.REAL_STEPS})", "{:.0f}"),
@@ -176,24 +179,76 @@ def prediction_verdict(stat: tuple[float, float, float], margin: float, lower_is
     return "undecided"
 
 
-def prediction_lines(records: list[dict], recs: dict[str, dict]) -> list[str]:
-    lines = ["| prediction (declared) | a - b, seed-paired [95 % t] | margin | expected | verdict |",
-             "|---|---|---|---|---|"]
+def prediction_results(records: list[dict], recs: dict[str, dict]) -> list[dict]:
+    """Each declared prediction's seed-paired interval, margin and verdict (``said`` None: no paired seeds yet)."""
+    out = []
     check = recs.get("check-start", {}).get("metrics", {})
     for name, condition, key, a, b, expected, margin, lower in plan.PREDICTIONS:
         is_return = key.startswith("return_at")
         scale = check.get(plan.REFERENCE[condition]) if is_return else 1.0
-        stat = paired(by_seed(records, condition, a, key), by_seed(records, condition, b, key))
-        if scale is None or not math.isfinite(stat[0]):
-            lines.append(f"| {name} ({a} vs {b}, {key}) | - | - | {expected} | no paired seeds yet |")
+        pairs = by_seed(records, condition, a, key), by_seed(records, condition, b, key)
+        stat = paired(*pairs)
+        row = {"name": name, "condition": condition, "key": key, "a": a, "b": b, "expected": expected,
+               "stat": stat, "seeds": len(set(pairs[0]) & set(pairs[1])), "said": None, "width": None,
+               "is_return": is_return, "margin": margin}
+        if scale is not None and math.isfinite(stat[0]):
+            row["width"] = margin * scale
+            row["said"] = prediction_verdict(stat, row["width"], lower)
+        out.append(row)
+    return out
+
+
+def _mark(row: dict) -> str:
+    if row["said"] == row["expected"]:
+        return "as predicted"
+    return "open" if row["said"] in ("undecided", "too few seeds") else "against the prediction"
+
+
+def prediction_lines(records: list[dict], recs: dict[str, dict]) -> list[str]:
+    lines = ["| prediction (declared) | a - b, seed-paired [95 % t] | margin | expected | verdict |",
+             "|---|---|---|---|---|"]
+    for r in prediction_results(records, recs):
+        label = f"{r['name']} ({r['a']} vs {r['b']}, {r['key']})"
+        if r["said"] is None:
+            lines.append(f"| {label} | - | - | {r['expected']} | no paired seeds yet |")
             continue
-        width = margin * scale
-        said = prediction_verdict(stat, width, lower)
-        mark = "as predicted" if said == expected else ("open" if said in ("undecided", "too few seeds")
-                                                        else "against the prediction")
-        lines.append(f"| {name} ({a} vs {b}, {key}) | {fmt_interval(stat, '{:+.2f}')} | "
-                     f"+-{width:.4g}{' (' + format(margin, '.0%') + ' of the reference)' if is_return else ''} | "
-                     f"{expected} | {said} ({mark}) |")
+        share = f" ({r['margin']:.0%} of the reference)" if r["is_return"] else ""
+        lines.append(f"| {label} | {fmt_interval(r['stat'], '{:+.2f}')} | +-{r['width']:.4g}{share} | "
+                     f"{r['expected']} | {r['said']} ({_mark(r)}) |")
+    return lines
+
+
+def reading_lines(records: list[dict], recs: dict[str, dict]) -> list[str]:
+    """The issue's two questions answered from the declared verdicts alone (fewer real samples or falls than SAC;
+    the model or deterministic acting), and LIFT's falls against SAC's beside them (descriptive: no prediction was
+    declared on them). Says how many seeds each answer rests on, and that it is partial until seeds 10-14 exist."""
+    results = {r["name"].split()[0]: r for r in prediction_results(records, recs)}
+
+    def said(tag: str) -> str:
+        r = results[tag]
+        if r["said"] is None:
+            return f"{tag}: no paired seeds yet"
+        return (f"{tag} ({r['a']} - {r['b']}, {r['key']}) {fmt_interval(r['stat'], '{:+.2f}')} on {r['seeds']} "
+                f"seed(s): **{r['said']}** ({_mark(r)})")
+
+    falls = []
+    for condition in ("command", "gear"):
+        stat = paired(by_seed(records, condition, "lift", "falls_per_1000"),
+                      by_seed(records, condition, "sac_finetune", "falls_per_1000"))
+        if math.isfinite(stat[0]):
+            falls.append(f"{condition} {fmt_interval(stat, '{:+.2f}')}")
+    seeds = {r["seed"] for r in records if r["role"] == "report"}
+    partial = set(plan.REPORT_SEEDS) - seeds
+    lines = ["**Reading** (from the declared verdicts; " + (f"partial: seeds {sorted(seeds)} of "
+             f"{list(plan.REPORT_SEEDS)} so far)" if partial else "seeds 10-14)"),
+             f"- Fewer real samples than SAC finetuning to 80 % of the reference: {said('P1')} (LIFT's own change, a "
+             f"command outside the range); {said('P5')} (gear). Ending higher: {said('P2')}.",
+             f"- Falls, LIFT - SAC finetuning per 1000 real steps (seed-paired, descriptive): "
+             f"{'; '.join(falls) if falls else 'no paired seeds yet'}.",
+             f"- The model or deterministic acting: {said('P3')} (command); {said('P4')} (gear): LIFT against "
+             f"`sac_deterministic`, which acts deterministically without a model at LIFT's SAC steps per real step. "
+             f"The refit: {said('P6')}.",
+             f"- With no change: {said('P7')}."]
     return lines
 
 
@@ -288,6 +343,7 @@ def report(records: list[dict], out_dir: Path, framing: Framing = FRAMING) -> st
     if stopped:
         lines += ["No gate or method unit runs on a start model that did not hold (the rule is never relaxed): "
                   "no condition table and no prediction verdict exists for this start model.", "",
+                  *([framing.after_stop, ""] if framing.after_stop else []),
                   *budget_lines(records, stopped=True, framing=framing), *tail]
         return "\n".join(lines) + "\n"
     figure = plot(records, here / f"{framing.figure_stem}.png")
@@ -297,6 +353,7 @@ def report(records: list[dict], out_dir: Path, framing: Framing = FRAMING) -> st
         lines += [f"**{condition}** (mean [95 % t-interval] over seeds; never-reached runs count {plan.REAL_STEPS})",
                   "", *condition_lines(records, condition), ""]
     lines += ["**Predictions** (declared in `benchmarks/studies/lift_command/plan.py` `PREDICTIONS` before any "
-              "reported unit ran)", "", *prediction_lines(records, recs), "", *budget_lines(records, framing=framing),
+              "reported unit ran)", "", *prediction_lines(records, recs), "", *reading_lines(records, recs), "",
+              *budget_lines(records, framing=framing),
               *tail]
     return "\n".join(lines) + "\n"
