@@ -110,6 +110,11 @@ def test_the_report_renders_partial_records(tmp_path):
     assert "partial: seeds [10, 11, 12] of [10, 11, 12, 13, 14]" in reading
     assert "P1 (lift - sac_finetune, steps_to_80_censored) -5670.00" in reading and "3 seed(s): **a better**" in reading
     assert "command -1.40" in reading and "P3: no paired seeds yet" in reading
+    assert "at the costs measured so far" in text and "over by" not in text
+    import dataclasses
+    later = report.report([pretrain, check, gate, *methods], tmp_path,
+                          dataclasses.replace(report.FRAMING, earlier_core_h=5.0))
+    assert "with 5.00 core-h spent before this study" in later and "(**over by" in later
     assert (tmp_path / "lift_command.png").stat().st_size > 5_000
     stopped = {**pretrain, "metrics": {**pretrain["metrics"], "holds": False,
                                        "hold": plan.hold_verdict([1000.0, 2900.0, 2000.0])}}

@@ -41,6 +41,7 @@ class Framing:
     units: Callable[[], list] = plan.units
     budget_note: str = ""
     after_stop: str = ""  # what followed a stop (declared after it)
+    earlier_core_h: float = 0.0  # the issue's budget already spent before this study (a failed start model)
 
 
 FRAMING = Framing(title="LIFT on its own change (issue 47)", opening=(OBJECTION,),
@@ -256,9 +257,21 @@ def budget_lines(records: list[dict], stopped: bool = False, framing: Framing = 
     spent = sum(r.get("cpu_s", 0.0) for r in records) / 3600
     pending = [u for u in framing.units() if u.name not in {r["unit"] for r in records}]
     left = sum(u.est_core_s for u in pending) / 3600
+    measured: dict[str, list[float]] = {}
+    for r in records:
+        if r["role"] == "report":
+            measured.setdefault(r["method"], []).append(r.get("cpu_s", 0.0))
+    # each pending unit at its method's mean measured cost where one finished (the declared estimate elsewhere)
+    projected = sum(np.mean(measured[u.method]) if u.method in measured else u.est_core_s for u in pending) / 3600
     fate = "never run (the study stopped)" if stopped else "not run yet"
+    at_cost = "" if stopped or not measured else f", ~{projected:.2f} at the costs measured so far"
+    total = spent + (0.0 if stopped else projected) + framing.earlier_core_h
     return [f"Budget: {spent:.2f} core-h measured over {len(records)} finished units; {len(pending)} units "
-            f"(~{left:.2f} core-h declared) {fate}, of the {plan.BUDGET_CORE_H:.0f} core-hours. What the budget "
+            f"(~{left:.2f} core-h declared{at_cost}) {fate}; "
+            + (f"with {framing.earlier_core_h:.2f} core-h spent before this study, " if framing.earlier_core_h else "")
+            + f"~{total:.2f} of the {plan.BUDGET_CORE_H:.0f} core-hours"
+            + (f" (**over by {total - plan.BUDGET_CORE_H:.2f}**)" if total > plan.BUDGET_CORE_H else "")
+            + ". What the budget "
             f"cut short, for every method alike: HUPT x0.1 (10 -> 100 branches: 2 SAC steps per real step at the "
             f"ramp's end, LIFT 20), {framing.pretrain_steps // 1000}k pretraining steps {framing.start_model} "
             f"(LIFT 40M+), {plan.EVAL_EPISODES} evaluation episodes per epoch (LIFT 1024), no tuning."

@@ -28,7 +28,7 @@ OPENING = (
 FRAMING = design.Framing(
     title="LIFT on its own change, second start model (issue 47)", opening=OPENING,
     start_model="under randomisation, continued from lift_official's start model", pretrain_steps=plan.PRETRAIN_STEPS,
-    figure_stem="lift_command_warm", units=plan.units,
+    figure_stem="lift_command_warm", units=plan.units, earlier_core_h=plan.FIRST_ATTEMPT_CORE_H,
     budget_note=f"Issue 47's budget also holds lift_command's {plan.FIRST_ATTEMPT_CORE_H:.2f} core-h (its failed "
                 "start model); the start model's 300k nominal steps were lift_official's, counted in its budget.")
 
