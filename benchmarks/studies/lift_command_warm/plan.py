@@ -14,7 +14,7 @@ learner, with its weights, optimisers, temperature and obs statistics and an emp
 declaring it (a diagnostic, no rule): that model zero-shot under the randomisation falls in 0 of 20 episodes (mean
 return 2920), 0 of 10 at friction x1/3, and 0 of 40 at the commands 0 / 0.5 / 1.0 / 1.5 m/s unchanged. The hold rule,
 the gates, the conditions, the methods, the horizon ramp, the seeds and the predictions are lift_command's, unchanged
-(``benchmarks/studies/lift_command/plan.py``): no method unit of either study has run.
+(``benchmarks/studies/lift_command/plan.py``): no method unit of either study had run.
 
 What this design still cannot answer: the start model saw randomisation for 200k of its 500k env steps (LIFT: all of
 40M+); a curriculum (nominal first) is not LIFT's pretraining. Issue 47's budget (6 core-hours, pretraining
