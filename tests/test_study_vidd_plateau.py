@@ -198,6 +198,9 @@ def test_every_unit_kind_at_tiny_size_and_the_report(tmp_path):
     section = report([json.loads(p.read_text()) for p in sorted(records.glob("*.json"))], records.parent)
     assert section.startswith("## ") and "**Partial**" in section and "cap" in section
     assert "ddpo" in section and "best-of-4" in section and "Not read" in section
+    budget = section[section.index("### Budget"):]
+    spent = sum(json.loads(p.read_text())["cpu_s"] for p in records.glob("*.json")) / 3600
+    assert f"{spent:.2f} core-h measured over" in budget and "of the issue's 9 core-hours" in budget
     assert (records.parent / "reward_kl.png").exists()
 
 
