@@ -90,6 +90,22 @@ class Study:
         return units
 
 
+def measured_costs(records: list[dict]) -> dict[tuple[str, str], float]:
+    """Mean CPU-s of the finished units of each (role, method): what a pending unit of that kind will cost."""
+    seen: dict[tuple[str, str], list[float]] = {}
+    for r in records:
+        seen.setdefault((r["role"], r["method"]), []).append(r.get("cpu_s", 0.0))
+    return {k: sum(v) / len(v) for k, v in seen.items()}
+
+
+def expected_core_s(unit: Unit, measured: dict[tuple[str, str], float]) -> float:
+    """A pending unit's CPU-s: its kind's measured mean, else its declared estimate. A method not measured yet keeps
+    its estimate (another method's cost says nothing of it: lift_official's cheap SAC units had priced its LIFT units
+    at a fifth), and so does a stage (one of a kind: its record's cost is not the next one's)."""
+    cost = measured.get((unit.role, unit.method))
+    return cost if cost is not None and unit.role != "stage" else unit.est_core_s
+
+
 @dataclass
 class UnitContext:
     """What a running unit sees: where its records and artifacts live, the records already made, its deadline."""

@@ -8,7 +8,7 @@ import logging
 from pathlib import Path
 
 from benchmarks.results_md import replace_section
-from benchmarks.study.core import StudyError
+from benchmarks.study.core import StudyError, expected_core_s, measured_costs
 from benchmarks.study.records import RESULTS, ROOT, atomic_write_bytes, load_records
 from benchmarks.study.runner import Paths, load_study, runnable, start_sha, study_refs
 
@@ -27,16 +27,11 @@ def status_rows(which: str, paths: Paths) -> list[dict]:
         by_name = {r["unit"]: r for r in records}
         plan = study.plan()
         pending = [u for u in plan if u.name not in by_name]
-        measured: dict[tuple, list[float]] = {}
-        for r in records:
-            measured.setdefault((r["role"], r["method"]), []).append(r["cpu_s"])
+        measured = measured_costs(records)
         left = 0.0
         in_progress = []
         for u in pending:
-            # a method not measured yet keeps its declared estimate: another method's cost says nothing of it
-            # (lift_official's cheap SAC units had priced its LIFT units at a fifth)
-            costs = measured.get((u.role, u.method))
-            cost = sum(costs) / len(costs) if costs and u.role != "stage" else u.est_core_s
+            cost = expected_core_s(u, measured)
             sidecar = paths.stage_sidecar(study.name, u.name)
             if sidecar.exists():
                 spent_so_far = json.loads(sidecar.read_text())

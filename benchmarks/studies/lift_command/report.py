@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
+from benchmarks.study.core import expected_core_s, measured_costs
 from benchmarks.study.figures import save_figure
 from benchmarks.study.stats import fmt_interval, paired, t_interval
 from benchmarks.studies.lift_command import plan
@@ -257,12 +258,8 @@ def budget_lines(records: list[dict], stopped: bool = False, framing: Framing = 
     spent = sum(r.get("cpu_s", 0.0) for r in records) / 3600
     pending = [u for u in framing.units() if u.name not in {r["unit"] for r in records}]
     left = sum(u.est_core_s for u in pending) / 3600
-    measured: dict[str, list[float]] = {}
-    for r in records:
-        if r["role"] == "report":
-            measured.setdefault(r["method"], []).append(r.get("cpu_s", 0.0))
-    # each pending unit at its method's mean measured cost where one finished (the declared estimate elsewhere)
-    projected = sum(np.mean(measured[u.method]) if u.method in measured else u.est_core_s for u in pending) / 3600
+    measured = measured_costs([r for r in records if r["role"] == "report"])
+    projected = sum(expected_core_s(u, measured) for u in pending) / 3600
     fate = "never run (the study stopped)" if stopped else "not run yet"
     at_cost = "" if stopped or not measured else f", ~{projected:.2f} at the costs measured so far"
     total = spent + (0.0 if stopped else projected) + framing.earlier_core_h

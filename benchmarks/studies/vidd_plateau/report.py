@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks.study.core import REPORTED_SEEDS
+from benchmarks.study.core import REPORTED_SEEDS, expected_core_s, measured_costs
 from benchmarks.study.figures import save_figure
 from benchmarks.study.stats import fmt_interval, paired, t_interval
 from benchmarks.studies.vidd_plateau import plan, rules
@@ -276,22 +276,13 @@ BUDGET_CORE_H = 9.0  # issue 46
 def _budget(records: list[dict], units: list) -> list[str]:
     """CPU spent and what is left at the costs measured so far (a role and method's mean; the declared estimate where
     none finished), against the issue's 9 core-hours, with the tuning extension's share named."""
-    done = {r["unit"] for r in records}
-    measured: dict[tuple, list[float]] = {}
-    for r in records:
-        measured.setdefault((r["role"], r["method"]), []).append(r.get("cpu_s", 0.0))
-    spent = sum(r.get("cpu_s", 0.0) for r in records) / 3600
-    pending = [u for u in units if u.name not in done]
-
-    def cost(u) -> float:
-        costs = measured.get((u.role, u.method))
-        return sum(costs) / len(costs) if costs else u.est_core_s
-
-    left = sum(cost(u) for u in pending) / 3600
-    extension = [u for u in units if u.role == "tune" and u.name.startswith("tune-")
-                 and u.name not in {v.name for v in plan.build_units(Path("/nonexistent"))}]
-    ext_h = sum(r.get("cpu_s", 0.0) for r in records if r["unit"] in {u.name for u in extension}) / 3600 + \
-        sum(cost(u) for u in extension if u.name not in done) / 3600
+    cpu = {r["unit"]: r.get("cpu_s", 0.0) for r in records}
+    measured = measured_costs(records)
+    spent = sum(cpu.values()) / 3600
+    pending = [u for u in units if u.name not in cpu]
+    left = sum(expected_core_s(u, measured) for u in pending) / 3600
+    extension = [u for u in units if u.role == "tune" and "tuning" in u.after]  # the gate's extension cells
+    ext_h = sum(cpu[u.name] if u.name in cpu else expected_core_s(u, measured) for u in extension) / 3600
     total = spent + left
     over = f" (**over by {total - BUDGET_CORE_H:.2f}**)" if total > BUDGET_CORE_H else ""
     return ["### Budget", "",
