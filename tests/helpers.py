@@ -42,6 +42,17 @@ def wait_for_both_workers(serve: Callable[[], list[dict]], timeout_s: float, wha
 TINY = ["experiment.tiny=true"]  # every stage's declared test budget (experiments/<method>/tour.py)
 
 
+def one_rank_pendulum(run: Path, run_id: str, total_env_steps: int, eval_every_steps: int, seed: int = 0,
+                      **experiment: Any) -> dict:
+    """The config ``pretrain_learner.run_one_rank`` takes for a tiny Pendulum pretraining in this process (4 envs,
+    rounds of 32 env steps, updates from 64 transitions on), with ``experiment`` keys over it."""
+    exp = {"sac_preset": "pendulum", "sac": {"num_envs": 4, "batch_size": 32, "min_replay_size": 64, "bf16": False},
+           "total_env_steps": total_env_steps, "steps_per_round": 8, "eval_every_steps": eval_every_steps,
+           "eval_episodes": 1, "checkpoint_every_updates": 100_000, "parquet_chunk": 64, **experiment}
+    return {"experiment": exp, "pool": {}, "run_path": str(run), "run_id": run_id, "task": "pendulum", "seed": seed,
+            "torch_threads": 1, "change": None}
+
+
 def registered_checkpoint(learner_dir: Path) -> dict | None:
     """The newest checkpoint Ray Train has registered for a learner (``checkpoint_dir_name``, ``metrics``): the one a
     resumed run restarts from. A checkpoint directory appears before the Train controller records it, so the

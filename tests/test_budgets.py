@@ -4,6 +4,7 @@ from __future__ import annotations
 from typing import Any
 
 from cluster.metrics import read_metrics
+from tests.helpers import one_rank_pendulum
 
 
 class CountingPool:
@@ -29,12 +30,8 @@ def test_lift_pretraining_never_steps_past_its_env_step_budget(tmp_path):
     """Rounds of 32 env steps under a budget of 100: three rounds (96), not a fourth that would end at 128, and no
     round sent to the pool beyond them (the overlapped round in flight included)."""
     from experiments.lift.pretrain_learner import run_one_rank
-    exp = {"sac_preset": "pendulum", "sac": {"num_envs": 4, "batch_size": 32, "min_replay_size": 64, "bf16": False},
-           "total_env_steps": 100, "steps_per_round": 8, "eval_every_steps": 64, "eval_episodes": 1,
-           "checkpoint_every_updates": 100_000, "parquet_chunk": 64}
     run = tmp_path / "run"
-    config = {"experiment": exp, "pool": {}, "run_path": str(run), "run_id": "budget", "task": "pendulum",
-              "seed": 0, "torch_threads": 1, "change": None}
+    config = one_rank_pendulum(run, "budget", total_env_steps=100, eval_every_steps=64)
     pool = CountingPool()
     try:
         assert run_one_rank(config, pool=pool) is True

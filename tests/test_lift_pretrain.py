@@ -15,7 +15,7 @@ import pytest
 
 from cluster.metrics import read_metrics
 from cluster.store import ParquetStore
-from tests.helpers import registered_checkpoint
+from tests.helpers import one_rank_pendulum, registered_checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -90,12 +90,8 @@ def test_one_rank_pauses_at_a_deadline_and_resumes_the_learner_users_run(tmp_pat
     import torch
 
     from experiments.lift.pretrain_learner import run_one_rank
-    exp = {"sac_preset": "pendulum", "sac": {"num_envs": 4, "batch_size": 32, "min_replay_size": 64, "bf16": False},
-           "total_env_steps": 320, "steps_per_round": 8, "eval_every_steps": 160, "eval_episodes": 1,
-           "checkpoint_every_updates": 100_000, "parquet_chunk": 64}
     run = tmp_path / "run"
-    config = {"experiment": exp, "pool": {}, "run_path": str(run), "run_id": "one-rank", "task": "pendulum",
-              "seed": 0, "torch_threads": 1, "change": None}
+    config = one_rank_pendulum(run, "one-rank", total_env_steps=320, eval_every_steps=160)
     asked = iter(range(1000))
     assert run_one_rank(config, should_stop=lambda: next(asked) >= 5) is False
     saved = torch.load(run / "checkpoints" / "latest" / "rank0.pt", weights_only=True)
@@ -115,20 +111,17 @@ def test_a_run_starts_from_an_agent_file_and_refuses_one_that_does_not_fit(tmp_p
     import torch
 
     from experiments.lift.pretrain_learner import run_one_rank
-    exp = {"sac_preset": "pendulum", "sac": {"num_envs": 4, "batch_size": 32, "min_replay_size": 64, "bf16": False},
-           "total_env_steps": 128, "steps_per_round": 8, "eval_every_steps": 128, "eval_episodes": 1,
-           "checkpoint_every_updates": 100_000, "parquet_chunk": 64}
     first = tmp_path / "first"
-    config = {"experiment": exp, "pool": {}, "run_path": str(first), "run_id": "first", "task": "pendulum",
-              "seed": 0, "torch_threads": 1, "change": None}
+    config = one_rank_pendulum(first, "first", total_env_steps=128, eval_every_steps=128)
+    exp = config["experiment"]
     assert run_one_rank(config) is True
     given = torch.load(first / "agent.pt", weights_only=True)
     assert given["num_updates"] > 0
 
     second = tmp_path / "second"
-    exp2 = {**exp, "init_agent": str(first / "agent.pt"), "sac": {**exp["sac"], "actor_lr": 1e-5}}
     asked = iter(range(1000))
-    assert run_one_rank({**config, "experiment": exp2, "run_path": str(second), "run_id": "second", "seed": 3},
+    assert run_one_rank(one_rank_pendulum(second, "second", 128, 128, seed=3, init_agent=str(first / "agent.pt"),
+                                          sac={**exp["sac"], "actor_lr": 1e-5}),
                         should_stop=lambda: next(asked) >= 1) is False  # paused after one round: no update yet
     saved = torch.load(second / "checkpoints" / "latest" / "rank0.pt", weights_only=True)
     agent = saved["agent"]
@@ -138,9 +131,8 @@ def test_a_run_starts_from_an_agent_file_and_refuses_one_that_does_not_fit(tmp_p
     assert [g["lr"] for g in agent["actor_opt"]["param_groups"]] == [1e-5], "this run's learning rate applies"
     assert saved["counters"]["env_steps"] == 4 * 8 and saved["buffer"]["size"] == 4 * 8, "the replay starts empty"
 
-    bigger = {**exp, "init_agent": str(first / "agent.pt"), "sac": {**exp["sac"], "actor_hidden": [16, 16]}}
     with pytest.raises(ValueError, match="experiment.init_agent: .* does not fit"):
-        run_one_rank({**config, "experiment": bigger, "run_path": str(tmp_path / "third"), "run_id": "third"})
+        run_one_rank(one_rank_pendulum(tmp_path / "third", "third", 128, 128, init_agent=str(first / "agent.pt"),
+                                       sac={**exp["sac"], "actor_hidden": [16, 16]}))
     with pytest.raises(ValueError, match="experiment.init_agent: no agent file"):
-        run_one_rank({**config, "experiment": {**exp, "init_agent": str(tmp_path / "none.pt")},
-                      "run_path": str(tmp_path / "fourth"), "run_id": "fourth"})
+        run_one_rank(one_rank_pendulum(tmp_path / "fourth", "fourth", 128, 128, init_agent=str(tmp_path / "none.pt")))
