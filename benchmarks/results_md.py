@@ -14,3 +14,25 @@ def replace_section(path: Path, heading: str, section: str, header: str = "# Ben
         end = text.find("\n## ", start + len(heading))
         text = text[:start] + section.rstrip("\n") + "\n\n" + (text[end + 1:] if end >= 0 else "")
     path.write_text(text.rstrip("\n") + "\n")
+
+
+def remove_section(path: Path, heading_names: str) -> bool:
+    """Remove the section whose ``## `` heading contains ``heading_names``; False when there is none."""
+    if not path.exists():
+        return False
+    text = path.read_text()
+    start = next((m for m in _heading_starts(text) if heading_names in text[m:].split("\n", 1)[0]), -1)
+    if start < 0:
+        return False
+    end = text.find("\n## ", start + 3)
+    path.write_text((text[:start] + (text[end + 1:] if end >= 0 else "")).rstrip("\n") + "\n")
+    return True
+
+
+def _heading_starts(text: str) -> list[int]:
+    starts = [0] if text.startswith("## ") else []
+    i = text.find("\n## ")
+    while i >= 0:
+        starts.append(i + 1)
+        i = text.find("\n## ", i + 1)
+    return starts

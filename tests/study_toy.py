@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from benchmarks.study.core import Study, Unit, UnitContext
@@ -55,8 +56,17 @@ def report(records: list[dict], out_dir: Path) -> str:
     fig.savefig(out_dir / "toy.png")
     plt.close(fig)
     table = "\n".join(f"| {r['seed']} | {r['metrics']['score']:.1f} |" for r in rows)
-    return f"## Toy study\n\n| seed | score |\n|---|---|\n{table}\n\n{json.dumps(len(rows))} seeds\n"
+    return f"## Toy study (`python -m benchmarks.study toy report`)\n\n| seed | score |\n|---|---|\n{table}\n\n{json.dumps(len(rows))} seeds\n"
 
 
 STUDY = Study(name="toy", title="a toy study", units=units,
               start_files=lambda artifacts: [artifacts / "stage" / "model.json"], report="tests.study_toy:report")
+
+
+def report_next(records: list[dict], out_dir: Path) -> str:
+    return report(records, out_dir).replace("## Toy study (`python -m benchmarks.study toy report`)",
+                                            "## Toy successor (`python -m benchmarks.study toy_next report`)")
+
+
+# a later study of the same question: its whole table replaces toy's RESULTS.md section
+STUDY_NEXT = replace(STUDY, name="toy_next", report="tests.study_toy:report_next", supersedes=("toy",))

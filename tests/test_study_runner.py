@@ -147,6 +147,30 @@ def test_report_from_the_committed_json_alone(tmp_path):
     assert "## Other\n\nkept" in text and "| 14 | 28.5 |" in text
 
 
+def test_a_whole_successor_replaces_the_superseded_section(tmp_path, monkeypatch):
+    from benchmarks.study import runner
+    monkeypatch.setattr(runner, "STUDIES", {"toy": TOY, "toy_next": "tests.study_toy:STUDY_NEXT"})
+    for name in ["stage", "tune-s100", *(f"toy-s{s}" for s in range(10, 15))]:
+        run_unit_inline(TOY, name, tmp_path, overrides={"sleep_s": 0.0})
+    shutil.copytree(tmp_path / "toy" / "records", tmp_path / "toy_next" / "records")
+    held = tmp_path / "toy_next" / "records" / "toy-s14.json"
+    held.rename(tmp_path / "held-back.json")
+    results_md = tmp_path / "RESULTS.md"
+    results_md.write_text("# Benchmarks\n\n## Other\n\nkept\n")
+    report("all", Paths(tmp_path), results_md=results_md)
+    text = results_md.read_text()
+    assert "## Toy study" in text and "Toy successor" not in text, "a partial successor replaces nothing"
+    (tmp_path / "held-back.json").rename(held)
+    report("toy_next", Paths(tmp_path), results_md=results_md)
+    text = results_md.read_text()
+    assert "## Toy successor" in text and "| 14 | 28.5 |" in text
+    assert "## Toy study" not in text and "## Other\n\nkept" in text
+    for which in ("toy", "all"):  # reporting the superseded study again does not bring its section back
+        report(which, Paths(tmp_path), results_md=results_md)
+        assert results_md.read_text().count("## Toy") == 1
+    assert "| 14 | 28.5 |" in (tmp_path / "toy" / "REPORT.md").read_text(), "its own report and records stay"
+
+
 def test_status_counts_done_pending_and_cost(tmp_path):
     run_unit_inline(TOY, "stage", tmp_path)
     run_unit_inline(TOY, "tune-s100", tmp_path, overrides={"sleep_s": 0.0})

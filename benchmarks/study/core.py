@@ -71,6 +71,8 @@ class Study:
     report: str  # "module:function": fn(records, out_dir) -> a RESULTS.md section starting with "## "
     # records by unit -> why the study ends here (a declared rule that failed: no unit after it runs), else None
     stopped: Callable[[dict[str, dict]], str | None] | None = None
+    # studies whose RESULTS.md section this one's whole table replaces (their folders and records stay)
+    supersedes: tuple[str, ...] = ()
 
     def why_stopped(self, records: list[dict]) -> str | None:
         return self.stopped({r["unit"]: r for r in records}) if self.stopped else None

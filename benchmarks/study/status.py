@@ -7,8 +7,8 @@ import json
 import logging
 from pathlib import Path
 
-from benchmarks.results_md import replace_section
-from benchmarks.study.core import StudyError, expected_core_s, measured_costs
+from benchmarks.results_md import remove_section, replace_section
+from benchmarks.study.core import Study, StudyError, expected_core_s, measured_costs
 from benchmarks.study.records import RESULTS, ROOT, atomic_write_bytes, load_records
 from benchmarks.study.runner import Paths, load_study, runnable, start_sha, study_refs
 
@@ -82,9 +82,37 @@ def format_status(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def whole(study: Study, records: list[dict]) -> bool:
+    """Every reported unit of the plan is recorded: the study's table exists."""
+    reported = {r["unit"] for r in records if r["role"] == "report"}
+    return bool(reported) and all(u.name in reported for u in study.plan() if u.role == "report")
+
+
+def replaced_sections(paths: Paths) -> dict[str, str]:
+    """Superseded study -> the study whose whole table now replaces its RESULTS.md section."""
+    replaced = {}
+    for ref in study_refs("all"):
+        try:
+            study = load_study(ref)
+        except ImportError:
+            continue
+        if study.supersedes and whole(study, load_records(paths.results(study.name))):
+            replaced.update({old: study.name for old in study.supersedes})
+    return replaced
+
+
+def _remove_study_section(results_md: Path, name: str) -> bool:
+    """A study's section names the command that rewrites it (``python -m benchmarks.study <name> report``)."""
+    return any(remove_section(results_md, f"benchmarks.study {name}{end}") for end in (" ", "`"))
+
+
 def report(which: str, paths: Paths, results_md: Path | None = None) -> list[Path]:
-    """Each study's RESULTS.md section and plots, from its JSON records alone."""
+    """Each study's RESULTS.md section and plots, from its JSON records alone. A study whose successor's table is
+    whole (``Study.supersedes``) keeps its REPORT.md and records, and its section leaves RESULTS.md."""
     written = []
+    target = results_md if results_md is not None else (
+        ROOT / "benchmarks" / "RESULTS.md" if paths.results_root.resolve() == RESULTS.resolve() else None)
+    replaced = replaced_sections(paths) if target is not None else {}
     for ref in study_refs(which):
         study = load_study(ref)
         out = paths.results(study.name)
@@ -104,13 +132,20 @@ def report(which: str, paths: Paths, results_md: Path | None = None) -> list[Pat
             raise StudyError(f"{study.name}: the report must start with a '## ' heading")
         atomic_write_bytes(folder / "REPORT.md", (section.rstrip("\n") + "\n").encode())
         written.append(folder / "REPORT.md")
-        target = results_md if results_md is not None else (
-            ROOT / "benchmarks" / "RESULTS.md" if paths.results_root.resolve() == RESULTS.resolve() else None)
         reported = {r["unit"] for r in records if r["role"] == "report"}
         missing = [u.name for u in study.plan() if u.role == "report" and u.name not in reported]
-        if missing:  # RESULTS.md holds today's figures: a partial table stays in the study's REPORT.md
+        if target is None:
+            continue
+        if study.name in replaced:
+            if _remove_study_section(target, study.name):
+                log.info("%s: its section left %s (%s's table replaces it; its REPORT.md and records stay)",
+                         study.name, target.name, replaced[study.name])
+        elif missing:  # RESULTS.md holds today's figures: a partial table stays in the study's REPORT.md
             log.info("%s: %d reported unit(s) pending; RESULTS.md keeps its section until the table is whole",
                      study.name, len(missing))
-        elif target is not None:
+        else:
             replace_section(target, section.splitlines()[0], section)
+            for old in study.supersedes:
+                if _remove_study_section(target, old):
+                    log.info("%s: %s's section left %s (this table replaces it)", study.name, old, target.name)
     return written

@@ -34,6 +34,7 @@ OBJECTION = ("**The authors' first objection** (declared in `benchmarks/studies/
 class Framing:
     """What differs between the studies this report renders (``lift_command`` and its second start model,
     ``lift_command_warm``): their heading, opening lines, how the start model was made, and their units."""
+    study: str  # its name: the heading names the command that rewrites the section
     title: str
     opening: tuple[str, ...]
     start_model: str  # "from fresh weights", "from lift_official's start model", ...
@@ -45,7 +46,7 @@ class Framing:
     earlier_core_h: float = 0.0  # the issue's budget already spent before this study (a failed start model)
 
 
-FRAMING = Framing(title="LIFT on its own change (issue 47)", opening=(OBJECTION,),
+FRAMING = Framing(study="lift_command", title="LIFT on its own change, issue 47", opening=(OBJECTION,),
                   start_model="from fresh weights", pretrain_steps=plan.PRETRAIN_STEPS, figure_stem="lift_command",
                   after_stop="After this stop, and declared after it, the same design runs on a second start model: "
                              "[`../lift_command_warm/REPORT.md`](../lift_command_warm/REPORT.md).")
@@ -339,7 +340,7 @@ def tour_lines(path: Path = TOUR_RUNS) -> list[str]:
 
 def report(records: list[dict], out_dir: Path, framing: Framing = FRAMING) -> str:
     recs = {r["unit"]: r for r in records}
-    lines = [f"## {framing.title}", "", *(p for line in framing.opening for p in (line, "")),
+    lines = [f"## {framing.title} (`python -m benchmarks.study {framing.study} report`)", "", *(p for line in framing.opening for p in (line, "")),
              *start_lines(recs, framing), ""]
     stopped = "pretrain" in recs and not recs["pretrain"]["metrics"]["holds"]
     if "check-start" in recs or "gate-command" in recs or "gate-gear" in recs:

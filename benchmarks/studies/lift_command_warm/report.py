@@ -26,7 +26,7 @@ OPENING = (
     "walker; 2 SAC steps per real step at the ramp's end, not 20.",
 )
 FRAMING = design.Framing(
-    title="LIFT on its own change, second start model (issue 47)", opening=OPENING,
+    study="lift_command_warm", title="LIFT on its own change, second start model, issue 47", opening=OPENING,
     start_model="under randomisation, continued from lift_official's start model", pretrain_steps=plan.PRETRAIN_STEPS,
     figure_stem="lift_command_warm", units=plan.units, earlier_core_h=plan.FIRST_ATTEMPT_CORE_H,
     budget_note=f"Issue 47's budget also holds lift_command's {plan.FIRST_ATTEMPT_CORE_H:.2f} core-h (its failed "

@@ -226,7 +226,8 @@ def make_study(records_dir: Path = RECORDS) -> Study:
     from benchmarks.study.vidd_common import BUNDLE
     return Study(name=STUDY_NAME, title="VIDD vs DDPO to the plateau, on the reward-KL frontier (DNA)",
                  units=lambda: build_units(records_dir), start_files=lambda artifacts: [Path(artifacts) / BUNDLE],
-                 report="benchmarks.studies.vidd_plateau.report:report")
+                 report="benchmarks.studies.vidd_plateau.report:report",
+                 supersedes=("vidd_budget", "vidd_budget_molecule"))
 
 
 STUDY = make_study()

@@ -299,9 +299,10 @@ def report(records: list[dict], out_dir: Path) -> str:
     status, complete = _status(by_unit, units)
     cap = by_unit.get("cap", {}).get("metrics")
     study = plan.STUDY_NAME
-    lines = [f"## VIDD vs DDPO to the plateau, on the reward-KL frontier, DNA (`benchmarks/studies/{study}/`)", "",
-             f"Commands: `nice -n 19 python -m benchmarks.study {study} run`, `python -m benchmarks.study {study} "
-             "report`. Issue 46; supersedes `vidd_budget`'s reading (its records are kept).", ""]
+    lines = [f"## VIDD vs DDPO to the plateau, on the reward-KL frontier, DNA (`python -m benchmarks.study {study} "
+             "report`)", "",
+             f"Run by `nice -n 19 python -m benchmarks.study {study} run`. Issue 46; its section replaces "
+             "`vidd_budget`'s and `vidd_budget_molecule`'s here (their records and reports are kept).", ""]
     lines += status
     lines += ["**The authors' first objection and the answer** (plan.py's docstring has the whole design): "
               "vidd_budget stopped VIDD at 16k queries = 67 Adam steps while DDPO made 2,048, and read closeness from "
