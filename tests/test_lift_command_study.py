@@ -83,6 +83,14 @@ def _method(condition: str, method: str, seed: int, final: float, steps: float, 
             "curves": {"real_steps": [0, 6000, plan.REAL_STEPS], "eval_return": curve}}
 
 
+def test_return_over_the_run_is_the_area_under_the_evaluation_curve():
+    record = {"curves": {"real_steps": [0, 2000, 3000, 4000], "eval_return": [100.0, 300.0, 300.0, 0.0]}}
+    # (2000 x 200 + 1000 x 300 + 1000 x 150) / 4000: uneven spacing weighs each stretch by its real steps
+    assert report.run_mean_return(record) == pytest.approx(212.5)
+    assert report.value(record, "run_mean_return") == pytest.approx(212.5)
+    assert report.run_mean_return({"curves": {"real_steps": [0], "eval_return": [5.0]}}) is None
+
+
 def test_the_report_renders_partial_records(tmp_path):
     pretrain = {"unit": "pretrain", "role": "stage", "method": "pretrain", "seed": 0, "setting": {}, "cpu_s": 7000.0,
                 "metrics": {"env_steps": 600_000, "updates": 600_000, "learner_cpu_s": 6800.0, "stage2_cpu_s": 60.0,

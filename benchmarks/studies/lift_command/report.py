@@ -52,12 +52,25 @@ FRAMING = Framing(study="lift_command", title="LIFT on its own change, issue 47"
                              "[`../lift_command_warm/REPORT.md`](../lift_command_warm/REPORT.md).")
 METRICS = (  # (record metric, column, format)
     *((f"return_at.{s}", f"return @{s}", "{:.0f}") for s in plan.FIXED_STEPS),
+    ("run_mean_return", f"mean return over the run (area / {plan.REAL_STEPS} real steps)", "{:.0f}"),
     ("steps_to_80_censored", f"real steps to 80 % (censored at {plan.REAL_STEPS})", "{:.0f}"),
     ("falls_per_1000", "falls / 1000 real steps", "{:.2f}"),
 )
 
 
+def run_mean_return(record: dict) -> float | None:
+    """The return over the whole run: the area under the evaluation curve (trapezoids over real steps, from the
+    zero-shot evaluation at 0) divided by the run's real steps. Descriptive: no prediction reads it."""
+    x, y = record.get("curves", {}).get("real_steps"), record.get("curves", {}).get("eval_return")
+    if not x or not y or len(x) != len(y) or len(x) < 2 or x[-1] <= x[0]:
+        return None
+    area = sum((x1 - x0) * (y0 + y1) / 2 for x0, x1, y0, y1 in zip(x, x[1:], y, y[1:]))
+    return area / (x[-1] - x[0])
+
+
 def value(record: dict, key: str) -> float | None:
+    if key == "run_mean_return":
+        return run_mean_return(record)
     node = record["metrics"]
     for part in key.split("."):
         if not isinstance(node, dict) or part not in node:
@@ -223,8 +236,8 @@ def prediction_lines(records: list[dict], recs: dict[str, dict]) -> list[str]:
 
 def reading_lines(records: list[dict], recs: dict[str, dict]) -> list[str]:
     """The issue's two questions answered from the declared verdicts alone (fewer real samples or falls than SAC;
-    the model or deterministic acting), and LIFT's falls against SAC's beside them (descriptive: no prediction was
-    declared on them). Says how many seeds each answer rests on, and that it is partial until seeds 10-14 exist."""
+    the model or deterministic acting), and LIFT's falls and return over the run against SAC's beside them
+    (descriptive: no prediction was declared on them). Says how many seeds each answer rests on, and that it is partial until seeds 10-14 exist."""
     results = {r["name"].split()[0]: r for r in prediction_results(records, recs)}
 
     def said(tag: str) -> str:
@@ -234,12 +247,13 @@ def reading_lines(records: list[dict], recs: dict[str, dict]) -> list[str]:
         return (f"{tag} ({r['a']} - {r['b']}, {r['key']}) {fmt_interval(r['stat'], '{:+.2f}')} on {r['seeds']} "
                 f"seed(s): **{r['said']}** ({_mark(r)})")
 
-    falls = []
-    for condition in ("command", "gear"):
-        stat = paired(by_seed(records, condition, "lift", "falls_per_1000"),
-                      by_seed(records, condition, "sac_finetune", "falls_per_1000"))
-        if math.isfinite(stat[0]):
-            falls.append(f"{condition} {fmt_interval(stat, '{:+.2f}')}")
+    def lift_minus_sac(key: str, fmt: str) -> str:
+        out = []
+        for condition in ("command", "gear"):
+            stat = paired(by_seed(records, condition, "lift", key), by_seed(records, condition, "sac_finetune", key))
+            if math.isfinite(stat[0]):
+                out.append(f"{condition} {fmt_interval(stat, fmt)}")
+        return "; ".join(out) if out else "no paired seeds yet"
     seeds = {r["seed"] for r in records if r["role"] == "report"}
     partial = set(plan.REPORT_SEEDS) - seeds
     lines = ["**Reading** (from the declared verdicts; " + (f"partial: seeds {sorted(seeds)} of "
@@ -247,7 +261,8 @@ def reading_lines(records: list[dict], recs: dict[str, dict]) -> list[str]:
              f"- Fewer real samples than SAC finetuning to 80 % of the reference: {said('P1')} (LIFT's own change, a "
              f"command outside the range); {said('P5')} (gear). Ending higher: {said('P2')}.",
              f"- Falls, LIFT - SAC finetuning per 1000 real steps (seed-paired, descriptive): "
-             f"{'; '.join(falls) if falls else 'no paired seeds yet'}.",
+             f"{lift_minus_sac('falls_per_1000', '{:+.2f}')}. Return over the whole run, LIFT - SAC finetuning "
+             f"(descriptive): {lift_minus_sac('run_mean_return', '{:+.0f}')}.",
              f"- The model or deterministic acting: {said('P3')} (command); {said('P4')} (gear): LIFT against "
              f"`sac_deterministic`, which acts deterministically without a model at LIFT's SAC steps per real step. "
              f"The refit: {said('P6')}.",
