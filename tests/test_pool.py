@@ -291,7 +291,9 @@ def test_small_requests_travel_in_batches_over_every_worker(shared_pool):
 def test_a_request_that_kills_its_batch_is_isolated_and_named(pool_factory):
     """A batch of small requests dies with its worker: its requests run again alone, so the one that kills
     workers is the one named when the retry bound is reached, and its neighbours are not charged for it."""
-    pool = pool_factory(num_workers=1, max_retries=1)
+    # a batch target far above an echo's seconds, so the batch forms on a loaded machine too: at the default 0.05 s
+    # it once did not in a fresh-clone suite (an echo descheduled for tens of ms is "slow"; a batch of one is no batch)
+    pool = pool_factory(num_workers=1, max_retries=1, batch_target_s=5.0)
     pool.map("echo", [{}] * 4)  # learned: echo requests are tiny, so the next map is batched
     with pytest.raises(SamplerError, match=r"request 5 of sampler 'echo' .*'exit': True.* died 2 times"):
         _map_within(pool, [{"i": i} for i in range(5)] + [{"exit": True}] + [{"i": 6}], timeout_s=120)
