@@ -292,28 +292,40 @@ def budget_lines(records: list[dict], stopped: bool = False, framing: Framing = 
 
 
 def plot(records: list[dict], out: Path) -> Path | None:
-    """Return vs real steps per condition (mean over seeds) with the 80 % line of its reference."""
+    """Per condition: return vs real steps (mean over seeds, the band from the lowest to the highest seed) with the
+    80 % line of its reference, and below it the falls so far (mean over seeds)."""
     reported = [r for r in records if r["role"] == "report"]
     if not reported:
         return None
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    fig, axes = plt.subplots(1, len(plan.CONDITIONS), figsize=(5 * len(plan.CONDITIONS), 4))
-    for ax, condition in zip(axes, plan.CONDITIONS):
+    fig, axes = plt.subplots(2, len(plan.CONDITIONS), figsize=(5 * len(plan.CONDITIONS), 7.5), sharex="col",
+                             height_ratios=(3, 2))
+    for col, condition in enumerate(plan.CONDITIONS):
+        top, bottom = axes[0, col], axes[1, col]
         for i, method in enumerate(plan.METHODS[condition]):
             runs = [r["curves"] for r in reported if r["method"] == method and r["setting"]["condition"] == condition]
-            if runs:
-                n = min(len(c["eval_return"]) for c in runs)
-                ax.plot(runs[0]["real_steps"][:n], np.mean([c["eval_return"][:n] for c in runs], axis=0),
-                        color=f"C{i}", label=f"{method} ({len(runs)})")
+            if not runs:
+                continue
+            n = min(len(c["eval_return"]) for c in runs)
+            x = runs[0]["real_steps"][:n]
+            returns = np.array([c["eval_return"][:n] for c in runs])
+            top.plot(x, returns.mean(axis=0), color=f"C{i}", label=f"{method} ({len(runs)})")
+            if len(runs) > 1:
+                top.fill_between(x, returns.min(axis=0), returns.max(axis=0), color=f"C{i}", alpha=0.12, lw=0)
+            if all(len(c.get("falls_total") or []) >= n for c in runs):
+                bottom.plot(x, np.mean([c["falls_total"][:n] for c in runs], axis=0), color=f"C{i}")
         refs = [r["metrics"]["reference_return"] for r in reported if r["setting"]["condition"] == condition]
         if refs:
-            ax.axhline(plan.RECOVER_FRACTION * refs[0], color="k", ls="-.", lw=0.7, label="80 % of reference")
-        ax.set(title=condition, xlabel="real env steps (prefill included)", ylabel="deterministic return")
-        ax.grid(alpha=0.3)
-        if ax.get_legend_handles_labels()[0]:
-            ax.legend(fontsize=6)
+            top.axhline(plan.RECOVER_FRACTION * refs[0], color="k", ls="-.", lw=0.7, label="80 % of reference")
+        top.set(title=condition, ylabel="deterministic return")
+        bottom.set(xlabel="real env steps (prefill included)", ylabel="falls so far (real env)")
+        for ax in (top, bottom):
+            ax.grid(alpha=0.3)
+        if top.get_legend_handles_labels()[0]:
+            top.legend(fontsize=6)
+    fig.tight_layout()
     return save_figure(fig, out)
 
 
