@@ -118,6 +118,13 @@ def test_the_report_renders_partial_records(tmp_path):
     assert "partial: seeds [10, 11, 12] of [10, 11, 12, 13, 14]" in reading
     assert "P1 (lift - sac_finetune, steps_to_80_censored) -5670.00" in reading and "3 seed(s): **a better**" in reading
     assert "command -1.40" in reading and "P3: no paired seeds yet" in reading
+    assert "[reached 80 %: lift 3/3, sac_finetune 3/3]" in reading
+    # runs that never reached 80 % count the budget: an "equivalent" of two censored arms says so
+    censored = [_method("gear", m, s, 500.0, float(plan.REAL_STEPS), 2.0) for m in ("lift", "sac_finetune")
+                for s in (10, 11)]
+    reading = report.report([pretrain, check, gate, *methods, *censored], tmp_path).split("**Reading**")[1]
+    assert ("P5 (lift - sac_finetune, steps_to_80_censored) +0.00 [+0.00, +0.00] on 2 seed(s): **equivalent** "
+            "(against the prediction) [reached 80 %: lift 0/2, sac_finetune 0/2; neither recovered") in reading
     assert "at the costs measured so far" in text and "over by" not in text
     import dataclasses
     later = report.report([pretrain, check, gate, *methods], tmp_path,

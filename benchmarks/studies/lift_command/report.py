@@ -237,15 +237,25 @@ def prediction_lines(records: list[dict], recs: dict[str, dict]) -> list[str]:
 def reading_lines(records: list[dict], recs: dict[str, dict]) -> list[str]:
     """The issue's two questions answered from the declared verdicts alone (fewer real samples or falls than SAC;
     the model or deterministic acting), and LIFT's falls and return over the run against SAC's beside them
-    (descriptive: no prediction was declared on them). Says how many seeds each answer rests on, and that it is partial until seeds 10-14 exist."""
+    (descriptive: no prediction was declared on them). Says how many seeds each answer rests on, how many runs
+    reached 80 % where the answer counts censored runs, and that it is partial until seeds 10-14 exist."""
     results = {r["name"].split()[0]: r for r in prediction_results(records, recs)}
 
     def said(tag: str) -> str:
         r = results[tag]
         if r["said"] is None:
             return f"{tag}: no paired seeds yet"
-        return (f"{tag} ({r['a']} - {r['b']}, {r['key']}) {fmt_interval(r['stat'], '{:+.2f}')} on {r['seeds']} "
+        line = (f"{tag} ({r['a']} - {r['b']}, {r['key']}) {fmt_interval(r['stat'], '{:+.2f}')} on {r['seeds']} "
                 f"seed(s): **{r['said']}** ({_mark(r)})")
+        if r["key"] == "steps_to_80_censored":  # censored runs count the budget: say how many reached at all
+            runs = [x for x in records if x["role"] == "report" and x["setting"]["condition"] == r["condition"]]
+            reached = {m: sum(bool(x["metrics"].get("reached_80")) for x in runs if x["method"] == m)
+                       for m in (r["a"], r["b"])}
+            total = {m: sum(x["method"] == m for x in runs) for m in (r["a"], r["b"])}
+            counts = ", ".join(f"{m} {reached[m]}/{total[m]}" for m in (r["a"], r["b"]))
+            neither = "; neither recovered within the budget: the difference is of two censored runs"
+            line += f" [reached 80 %: {counts}{'' if any(reached.values()) else neither}]"
+        return line
 
     def lift_minus_sac(key: str, fmt: str) -> str:
         out = []
@@ -367,7 +377,8 @@ def tour_lines(path: Path = TOUR_RUNS) -> list[str]:
 
 def report(records: list[dict], out_dir: Path, framing: Framing = FRAMING) -> str:
     recs = {r["unit"]: r for r in records}
-    lines = [f"## {framing.title} (`python -m benchmarks.study {framing.study} report`)", "", *(p for line in framing.opening for p in (line, "")),
+    lines = [f"## {framing.title} (`python -m benchmarks.study {framing.study} report`)", "",
+             *(p for line in framing.opening for p in (line, "")),
              *start_lines(recs, framing), ""]
     stopped = "pretrain" in recs and not recs["pretrain"]["metrics"]["holds"]
     if "check-start" in recs or "gate-command" in recs or "gate-gear" in recs:
