@@ -16,8 +16,9 @@ def replace_section(path: Path, heading: str, section: str, header: str = "# Ben
     path.write_text(text.rstrip("\n") + "\n")
 
 
-def remove_section(path: Path, heading_names: str) -> bool:
-    """Remove the section whose ``## `` heading contains ``heading_names``; False when there is none."""
+def remove_section(path: Path, heading_names: str, replacement: str = "") -> bool:
+    """Remove the section whose ``## `` heading contains ``heading_names`` (or put ``replacement`` in its place);
+    False when there is none."""
     if not path.exists():
         return False
     text = path.read_text()
@@ -25,7 +26,8 @@ def remove_section(path: Path, heading_names: str) -> bool:
     if start < 0:
         return False
     end = text.find("\n## ", start + 3)
-    path.write_text((text[:start] + (text[end + 1:] if end >= 0 else "")).rstrip("\n") + "\n")
+    middle = replacement.rstrip("\n") + "\n\n" if replacement else ""
+    path.write_text((text[:start] + middle + (text[end + 1:] if end >= 0 else "")).rstrip("\n") + "\n")
     return True
 
 

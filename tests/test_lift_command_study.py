@@ -125,6 +125,13 @@ def test_the_report_renders_partial_records(tmp_path):
     reading = report.report([pretrain, check, gate, *methods, *censored], tmp_path).split("**Reading**")[1]
     assert ("P5 (lift - sac_finetune, steps_to_80_censored) +0.00 [+0.00, +0.00] on 2 seed(s): **equivalent** "
             "(against the prediction) [reached 80 %: lift 0/2, sac_finetune 0/2; neither recovered") in reading
+    assert "The answer" not in reading, "partial: no answer yet"
+    whole = [_method("command", m, s, 2900.0 + s if m == "lift" else 2000.0, 3000.0 if m == "lift" else 9000.0 + s,
+                     0.1 if m == "lift" else 1.5 + s / 10) for m in ("lift", "sac_finetune") for s in plan.REPORT_SEEDS]
+    reading = report.report([pretrain, check, gate, *whole], tmp_path).split("**Reading**")[1]
+    assert ("**The answer.** Fewer real samples than SAC finetuning: command (LIFT's runs that reached 80 %: command "
+            "5/5, gear 0/5); ending higher on its own change: yes (P2 a better); fewer falls: command. What carries "
+            "it: P3 no paired seeds") in reading
     assert "at the costs measured so far" in text and "over by" not in text
     import dataclasses
     later = report.report([pretrain, check, gate, *methods], tmp_path,

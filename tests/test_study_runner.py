@@ -160,11 +160,13 @@ def test_a_whole_successor_replaces_the_superseded_section(tmp_path, monkeypatch
     report("all", Paths(tmp_path), results_md=results_md)
     text = results_md.read_text()
     assert "## Toy study" in text and "Toy successor" not in text, "a partial successor replaces nothing"
+    results_md.write_text(text + "\n## Last\n\nkept too\n")
     (tmp_path / "held-back.json").rename(held)
     report("toy_next", Paths(tmp_path), results_md=results_md)
     text = results_md.read_text()
     assert "## Toy successor" in text and "| 14 | 28.5 |" in text
-    assert "## Toy study" not in text and "## Other\n\nkept" in text
+    assert "## Toy study" not in text and "## Other\n\nkept" in text and text.endswith("## Last\n\nkept too\n")
+    assert text.index("## Other") < text.index("## Toy successor") < text.index("## Last"), "in the old one's place"
     for which in ("toy", "all"):  # reporting the superseded study again does not bring its section back
         report(which, Paths(tmp_path), results_md=results_md)
         assert results_md.read_text().count("## Toy") == 1

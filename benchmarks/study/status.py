@@ -101,9 +101,10 @@ def replaced_sections(paths: Paths) -> dict[str, str]:
     return replaced
 
 
-def _remove_study_section(results_md: Path, name: str) -> bool:
-    """A study's section names the command that rewrites it (``python -m benchmarks.study <name> report``)."""
-    return any(remove_section(results_md, f"benchmarks.study {name}{end}") for end in (" ", "`"))
+def _remove_study_section(results_md: Path, name: str, replacement: str = "") -> bool:
+    """A study's section names the command that rewrites it (``python -m benchmarks.study <name> report``);
+    ``replacement``: the section that takes its place."""
+    return any(remove_section(results_md, f"benchmarks.study {name}{end}", replacement) for end in (" ", "`"))
 
 
 def report(which: str, paths: Paths, results_md: Path | None = None) -> list[Path]:
@@ -144,8 +145,12 @@ def report(which: str, paths: Paths, results_md: Path | None = None) -> list[Pat
             log.info("%s: %d reported unit(s) pending; RESULTS.md keeps its section until the table is whole",
                      study.name, len(missing))
         else:
-            replace_section(target, section.splitlines()[0], section)
-            for old in study.supersedes:
-                if _remove_study_section(target, old):
-                    log.info("%s: %s's section left %s (this table replaces it)", study.name, old, target.name)
+            heading = section.splitlines()[0]
+            new = target.exists() and heading not in target.read_text()
+            for old in study.supersedes:  # a new section takes the place of the first it supersedes
+                if _remove_study_section(target, old, section if new else ""):
+                    log.info("%s: %s's section left %s (this table replaces it%s)", study.name, old, target.name,
+                             ", in its place" if new else "")
+                    new = False
+            replace_section(target, heading, section)
     return written

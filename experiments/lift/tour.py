@@ -35,8 +35,8 @@ TOUR = TourPart(
 
 # The tour runs one seed of a small change; the claim itself is tested seed-paired on Walker2d by the study.
 STUDY_POINTER = ("one seed, a smoke run; the claim is tested on Walker2d, seeds 10-14, with the loop a cluster job "
-                 "runs, in benchmarks/RESULTS.md ('LIFT finetuning as its authors run it', "
-                 "`python -m benchmarks.study lift_official report`)")
+                 "runs, in benchmarks/RESULTS.md ('LIFT on its own change', "
+                 "`python -m benchmarks.study lift_command_warm report`)")
 
 
 def section(stages, out: Path) -> tuple[list[str], list[dict], list[str]]:

@@ -277,7 +277,38 @@ def reading_lines(records: list[dict], recs: dict[str, dict]) -> list[str]:
              f"`sac_deterministic`, which acts deterministically without a model at LIFT's SAC steps per real step. "
              f"The refit: {said('P6')}.",
              f"- With no change: {said('P7')}."]
+    if not partial:
+        lines.append(answer_line(records, results))
     return lines
+
+
+def answer_line(records: list[dict], results: dict[str, dict]) -> str:
+    """The issue's question in one line once seeds 10-14 exist, from the same verdicts and intervals as above."""
+    def said(tag: str) -> str:
+        return results[tag]["said"] or "no paired seeds"
+
+    reached = {c: sum(bool(r["metrics"].get("reached_80")) for r in records if r["role"] == "report"
+                      and r["method"] == "lift" and r["setting"]["condition"] == c) for c in ("command", "gear")}
+    fewer_samples = [c for tag, c in (("P1", "command"), ("P5", "gear")) if results[tag]["said"] == "a better"]
+    falls = {c: paired(by_seed(records, c, "lift", "falls_per_1000"), by_seed(records, c, "sac_finetune",
+                                                                            "falls_per_1000")) for c in reached}
+    fewer_falls = [c for c, s in falls.items() if math.isfinite(s[2]) and s[2] < 0]
+    more_falls = [c for c, s in falls.items() if math.isfinite(s[1]) and s[1] > 0]
+    higher = results["P2"]["said"] == "a better"
+    n = len(plan.REPORT_SEEDS)
+    samples = ", ".join(fewer_samples) or "on neither change"
+    falls_said = ", ".join(fewer_falls) or "not resolved on either change"
+    if more_falls:
+        falls_said += "; more falls: " + ", ".join(more_falls)
+    line = (f"- **The answer.** Fewer real samples than SAC finetuning: {samples} (LIFT's runs that reached 80 %: "
+            f"command {reached['command']}/{n}, gear {reached['gear']}/{n}); ending higher on its own change: "
+            f"{'yes' if higher else 'no'} (P2 {said('P2')}); fewer falls: {falls_said}. ")
+    if fewer_samples or fewer_falls or higher:
+        return line + (f"What carries it: P3 {said('P3')}, P4 {said('P4')} (the model against "
+                       f"deterministic acting); P6 {said('P6')} (the refit).")
+    return line + ("LIFT found nothing over SAC finetuning here, so there is nothing for the model or deterministic "
+                   f"acting to carry (for the record: P3 {said('P3')}, P4 {said('P4')}; the "
+                   f"refit against a frozen model, P6, {said('P6')}).")
 
 
 def budget_lines(records: list[dict], stopped: bool = False, framing: Framing = FRAMING) -> list[str]:
