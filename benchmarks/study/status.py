@@ -65,14 +65,15 @@ def _failed_note(row: dict) -> str:
 
 
 def format_status(rows: list[dict]) -> str:
-    head = (f"{'study':<15}{'done':>10}{'pending':>9}{'runnable':>10}{'reported':>10}{'core-h spent':>14}"
+    w = max([15, *(len(r["study"]) + 1 for r in rows)])  # the longest name sets the first column
+    head = (f"{'study':<{w}}{'done':>10}{'pending':>9}{'runnable':>10}{'reported':>10}{'core-h spent':>14}"
             f"{'core-h left':>13}  start model")
     lines = [head, "-" * len(head)]
     for r in rows:
         if "error" in r:
-            lines.append(f"{r['study']:<15}{r['error']}")
+            lines.append(f"{r['study']:<{w}}{r['error']}")
             continue
-        lines.append(f"{r['study']:<15}{r['done']:>5}/{r['units']:<4}{r['pending']:>9}{r['runnable']:>10}"
+        lines.append(f"{r['study']:<{w}}{r['done']:>5}/{r['units']:<4}{r['pending']:>9}{r['runnable']:>10}"
                      f"{r['report_done']:>5}/{r['report_units']:<4}{r['core_h_spent']:>14.2f}{r['core_h_left']:>13.2f}"
                      f"  {r['start_sha']}" + (f"  stopped: {r['stopped']}" if r.get("stopped") else _failed_note(r))
                      + (f"  stage in progress: {'; '.join(r['stages'])}" if r["stages"] else ""))
