@@ -112,6 +112,9 @@ def test_the_report_renders_partial_records(tmp_path):
     assert "| command 2.25 m/s | 1200 / 3000 (40%) | passed: runs |" in text
     assert "| lift | 3 | 3/3 |" in text and "| sac_finetune | 3 | 3/3 |" in text
     assert "↳ lift, no-change arm | 2 |" in text
+    for table in ("**command**", "**nochange**"):  # every row of a condition's table has the header's cells
+        rows = [ln for ln in text[text.index(table):].split("\n\n", 2)[1].splitlines() if ln.startswith("|")]
+        assert len({ln.count(" | ") for ln in rows if not ln.startswith("|---")}) == 1, rows
     p1 = next(line for line in text.splitlines() if line.startswith("| P1"))
     assert "a better (as predicted)" in p1
     reading = text[text.index("**Reading**"):text.index("Budget:")]

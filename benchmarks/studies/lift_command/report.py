@@ -172,10 +172,11 @@ def condition_lines(records: list[dict], condition: str) -> list[str]:
         lines.append("| " + " | ".join(cells) + " |")
         if condition != "nochange" and method in plan.METHODS["nochange"] and finals:
             arm = by_seed(records, "nochange", method, f"return_at.{plan.REAL_STEPS}")
-            if arm:
-                lines.append(f"| ↳ {method}, no-change arm | {len(arm)} | - | "
-                             + " | ".join(["-"] * (len(plan.FIXED_STEPS) - 1))
-                             + f" | {fmt_interval(t_interval(list(arm.values())), '{:.0f}')} | - | - | - |")
+            if arm:  # only the final return: the arm sits under the method it is the no-change control of
+                arm_cells = [f"↳ {method}, no-change arm", str(len(arm))] + ["-"] * (len(head) - 2)
+                arm_cells[head.index(f"return @{plan.REAL_STEPS}")] = fmt_interval(t_interval(list(arm.values())),
+                                                                                   "{:.0f}")
+                lines.append("| " + " | ".join(arm_cells) + " |")
     return lines if len(lines) > 2 else ["No method unit of this condition has finished."]
 
 
