@@ -154,6 +154,18 @@ def gate_lines(recs: dict[str, dict], stopped: bool = False) -> list[str]:
     return lines
 
 
+def reached_80(records: list[dict], condition: str, method: str) -> tuple[int, int]:
+    """(runs that reached 80 % of the reference, runs) of a method under a condition."""
+    runs = [r for r in records if r["role"] == "report" and r["method"] == method
+            and r["setting"]["condition"] == condition]
+    return sum(bool(r["metrics"].get("reached_80")) for r in runs), len(runs)
+
+
+def lift_minus_sac(records: list[dict], condition: str, key: str) -> tuple[float, float, float]:
+    """LIFT - SAC finetuning on ``key``, seed-paired (a descriptive figure beside the declared verdicts)."""
+    return paired(by_seed(records, condition, "lift", key), by_seed(records, condition, "sac_finetune", key))
+
+
 def condition_lines(records: list[dict], condition: str) -> list[str]:
     head = ["method", "seeds", "reached 80 %", *(t for _, t, _ in METRICS), "SAC steps / real step (last epoch)"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
@@ -162,9 +174,7 @@ def condition_lines(records: list[dict], condition: str) -> list[str]:
         seeds = by_seed(records, condition, method, "steps_to_80_censored")
         if not seeds:
             continue
-        reached = sum(1 for r in records if r["role"] == "report" and r["method"] == method
-                      and r["setting"]["condition"] == condition and r["metrics"].get("reached_80"))
-        cells = [method, str(len(seeds)), f"{reached}/{len(seeds)}"]
+        cells = [method, str(len(seeds)), f"{reached_80(records, condition, method)[0]}/{len(seeds)}"]
         cells += [fmt_interval(t_interval(list(by_seed(records, condition, method, k).values())), p)
                   for k, _, p in METRICS]
         cells.append(fmt_interval(t_interval(list(by_seed(records, condition, method,
@@ -249,21 +259,15 @@ def reading_lines(records: list[dict], recs: dict[str, dict]) -> list[str]:
         line = (f"{tag} ({r['a']} - {r['b']}, {r['key']}) {fmt_interval(r['stat'], '{:+.2f}')} on {r['seeds']} "
                 f"seed(s): **{r['said']}** ({_mark(r)})")
         if r["key"] == "steps_to_80_censored":  # censored runs count the budget: say how many reached at all
-            runs = [x for x in records if x["role"] == "report" and x["setting"]["condition"] == r["condition"]]
-            reached = {m: sum(bool(x["metrics"].get("reached_80")) for x in runs if x["method"] == m)
-                       for m in (r["a"], r["b"])}
-            total = {m: sum(x["method"] == m for x in runs) for m in (r["a"], r["b"])}
-            counts = ", ".join(f"{m} {reached[m]}/{total[m]}" for m in (r["a"], r["b"]))
+            reached = {m: reached_80(records, r["condition"], m) for m in (r["a"], r["b"])}
+            counts = ", ".join(f"{m} {k}/{n}" for m, (k, n) in reached.items())
             neither = "; neither recovered within the budget: the difference is of two censored runs"
-            line += f" [reached 80 %: {counts}{'' if any(reached.values()) else neither}]"
+            line += f" [reached 80 %: {counts}{'' if any(k for k, _ in reached.values()) else neither}]"
         return line
 
-    def lift_minus_sac(key: str, fmt: str) -> str:
-        out = []
-        for condition in ("command", "gear"):
-            stat = paired(by_seed(records, condition, "lift", key), by_seed(records, condition, "sac_finetune", key))
-            if math.isfinite(stat[0]):
-                out.append(f"{condition} {fmt_interval(stat, fmt)}")
+    def lift_vs_sac(key: str, fmt: str) -> str:
+        stats = {c: lift_minus_sac(records, c, key) for c in ("command", "gear")}
+        out = [f"{c} {fmt_interval(s, fmt)}" for c, s in stats.items() if math.isfinite(s[0])]
         return "; ".join(out) if out else "no paired seeds yet"
     seeds = {r["seed"] for r in records if r["role"] == "report"}
     partial = set(plan.REPORT_SEEDS) - seeds
@@ -272,8 +276,8 @@ def reading_lines(records: list[dict], recs: dict[str, dict]) -> list[str]:
              f"- Fewer real samples than SAC finetuning to 80 % of the reference: {said('P1')} (LIFT's own change, a "
              f"command outside the range); {said('P5')} (gear). Ending higher: {said('P2')}.",
              f"- Falls, LIFT - SAC finetuning per 1000 real steps (seed-paired, descriptive): "
-             f"{lift_minus_sac('falls_per_1000', '{:+.2f}')}. Return over the whole run, LIFT - SAC finetuning "
-             f"(descriptive): {lift_minus_sac('run_mean_return', '{:+.0f}')}.",
+             f"{lift_vs_sac('falls_per_1000', '{:+.2f}')}. Return over the whole run, LIFT - SAC finetuning "
+             f"(descriptive): {lift_vs_sac('run_mean_return', '{:+.0f}')}.",
              f"- The model or deterministic acting: {said('P3')} (command); {said('P4')} (gear): LIFT against "
              f"`sac_deterministic`, which acts deterministically without a model at LIFT's SAC steps per real step. "
              f"The refit: {said('P6')}.",
@@ -288,11 +292,9 @@ def answer_line(records: list[dict], results: dict[str, dict]) -> str:
     def said(tag: str) -> str:
         return results[tag]["said"] or "no paired seeds"
 
-    reached = {c: sum(bool(r["metrics"].get("reached_80")) for r in records if r["role"] == "report"
-                      and r["method"] == "lift" and r["setting"]["condition"] == c) for c in ("command", "gear")}
+    reached = {c: reached_80(records, c, "lift")[0] for c in ("command", "gear")}
     fewer_samples = [c for tag, c in (("P1", "command"), ("P5", "gear")) if results[tag]["said"] == "a better"]
-    falls = {c: paired(by_seed(records, c, "lift", "falls_per_1000"), by_seed(records, c, "sac_finetune",
-                                                                            "falls_per_1000")) for c in reached}
+    falls = {c: lift_minus_sac(records, c, "falls_per_1000") for c in reached}
     fewer_falls = [c for c, s in falls.items() if math.isfinite(s[2]) and s[2] < 0]
     more_falls = [c for c, s in falls.items() if math.isfinite(s[1]) and s[1] > 0]
     higher = results["P2"]["said"] == "a better"
