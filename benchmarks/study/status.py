@@ -83,10 +83,15 @@ def format_status(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def pending_reports(study: Study, records: list[dict]) -> list[str]:
+    """The plan's reported units that have no record yet."""
+    reported = {r["unit"] for r in records if r["role"] == "report"}
+    return [u.name for u in study.plan() if u.role == "report" and u.name not in reported]
+
+
 def whole(study: Study, records: list[dict]) -> bool:
     """Every reported unit of the plan is recorded: the study's table exists."""
-    reported = {r["unit"] for r in records if r["role"] == "report"}
-    return bool(reported) and all(u.name in reported for u in study.plan() if u.role == "report")
+    return any(r["role"] == "report" for r in records) and not pending_reports(study, records)
 
 
 def replaced_sections(paths: Paths) -> dict[str, str]:
@@ -134,8 +139,7 @@ def report(which: str, paths: Paths, results_md: Path | None = None) -> list[Pat
             raise StudyError(f"{study.name}: the report must start with a '## ' heading")
         atomic_write_bytes(folder / "REPORT.md", (section.rstrip("\n") + "\n").encode())
         written.append(folder / "REPORT.md")
-        reported = {r["unit"] for r in records if r["role"] == "report"}
-        missing = [u.name for u in study.plan() if u.role == "report" and u.name not in reported]
+        missing = pending_reports(study, records)
         if target is None:
             continue
         if study.name in replaced:
