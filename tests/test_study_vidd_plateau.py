@@ -221,3 +221,91 @@ def test_molecule_unit_uses_the_declared_denoiser(tmp_path):
     _fake_tune_records(study, records, tune)
     out = run_unit_inline(study, "molecule-ddpo-s10", results_root=tmp_path, overrides=small)
     assert out["task"] == "molecule" and out["metrics"]["validity"] > 0 and out["metrics"]["kl"] >= 0
+
+
+# ------------------------------------------------------------------------------------- the complete report
+
+_NOISE = (0.004, -0.004, 0.002, -0.002, 0.0)  # per seed 10..14: mean 0, so a "same curve" pair's interval spans 0
+
+
+def _synthetic_run(method: str, seed: int, *, traj_total: float, queries_per_traj: float, kl_total: float,
+                   offset: float, drop: float, sign: int = 1) -> dict:
+    """A reported run whose reward and diversity are one function of its KL (the same for every method), plus a
+    per-seed offset ``sign`` x _NOISE and a constant shift ``offset``."""
+    x = np.linspace(0.0, 1.0, 17)
+    e = sign * _NOISE[REPORTED_SEEDS.index(seed)]
+    kl = kl_total * x
+    curves = {"train_cpu_s": list(300 * x), "trajectories": list(traj_total * x),
+              "queries": list(traj_total * queries_per_traj * x), "kl": list(kl),
+              "reward_median": list(0.02 + 0.15 * (1 - np.exp(-kl / 15)) + e + offset),
+              "diversity": list(0.73 - 0.005 * kl + e)}
+    metrics = {k: v[-1] for k, v in curves.items()}
+    metrics.update(stopped="cap", iteration=int(traj_total / 8), cpu_per_iteration=300 / (traj_total / 8),
+                   largest_drop=drop + abs(e), nll=120.0, kmer3_corr=0.7, eval_reward_median=metrics["reward_median"])
+    return {"unit": f"{method}-s{seed}", "role": "report", "method": method, "seed": seed, "cpu_s": 400.0,
+            "metrics": metrics, "curves": curves}
+
+
+def _synthetic_complete_records() -> list[dict]:
+    kappa = 20.0
+    recs = [{"unit": "cap", "role": "cap", "method": "-", "cpu_s": 1.0,
+             "metrics": {"cap_s": 300.0, "kappa": kappa, "kl_match": [f * kappa for f in plan.KL_MATCH_FACTORS],
+                         "start": 0.02, "max": 0.17, "reached_s": 200.0, "rounded_s": 300.0, "clamped": False,
+                         "flattened": True, "pilot_s": 1000.0, "pilot_reward_at_cap": 0.16,
+                         "pilot_reward_at_end": 0.17}},
+            {"unit": "tuning", "role": "tuning", "method": "-", "cpu_s": 1.0,
+             "metrics": {"extend_sides": [], "choices": {m: {"lr": 1e-3, "knob": plan.KNOB_GRIDS[m][2], "edges": [],
+                                                             "reached_kappa": True} for m in plan.TUNED}},
+             "scores": {m: {"lr0.001-kx": {"reaches": True, "score": 0.1, "final": 0.12}} for m in plan.TUNED}}]
+    # the primary: half DDPO's trajectories per CPU-s, 2 queries each, less KL, smaller drops; the control 0.03 lower
+    shape = {"vidd_official": dict(traj_total=4000, queries_per_traj=2, kl_total=60, offset=0.0, drop=0.01),
+             "standard_ft_official": dict(traj_total=4000, queries_per_traj=2, kl_total=60, offset=-0.03, drop=0.01),
+             "ddpo": dict(traj_total=8000, queries_per_traj=1, kl_total=80, offset=0.0, drop=0.04, sign=-1),
+             "ddpo_official": dict(traj_total=8000, queries_per_traj=1, kl_total=30, offset=0.0, drop=0.02),
+             "rw_mle": dict(traj_total=8000, queries_per_traj=1, kl_total=20, offset=0.0, drop=0.02)}
+    recs += [_synthetic_run(m, s, **kw) for m, kw in shape.items() for s in REPORTED_SEEDS]
+    for s in REPORTED_SEEDS:
+        ns = [2**i for i in range(8)]
+        curves = {"N": ns, "trajectories": [128 * n for n in ns], "queries": [128 * n for n in ns],
+                  "kl": [math.log(n) - (n - 1) / n for n in ns], "reward_median": [0.02 + 0.02 * i for i in range(8)],
+                  "nll": [136.0] * 8, "diversity": [0.73] * 8, "eval_reward_median": [0.1] * 8, "kmer3_corr": [0.9] * 8}
+        recs.append({"unit": f"best_of_n-s{s}", "role": "report", "method": "best_of_n", "seed": s, "cpu_s": 250.0,
+                     "metrics": {k: v[-1] for k, v in curves.items()}, "curves": curves})
+    return recs
+
+
+def test_the_complete_report_reads_every_prediction_and_answers_each_claim(tmp_path):
+    """A whole synthetic table whose answers are known by construction: the primary drops less (stability holds),
+    is ahead at the smallest trajectory count (sample efficiency holds; at 4096 trajectories it is out of range, so not
+    comparable), has DDPO's reward and diversity at every KL (not shown, equivalent within the margins), is more
+    diverse at the cap, and the no-refresh control is 0.03 lower (P5 met)."""
+    (tmp_path / "records").mkdir()
+    section = report(_synthetic_complete_records(), tmp_path)
+    assert "**Partial**" not in section and "Not read" not in section
+    row = lambda claim: next(l for l in section.splitlines() if l.startswith(f"| {claim} |"))  # noqa: E731
+    assert "**holds**" in row("better stability")
+    assert "**holds**" in row("better sample efficiency") and "reward at 512 trajectories" in row(
+        "better sample efficiency")
+    assert "**not shown**" in row("superior reward optimisation")
+    assert "**not shown**" in row("less mode collapse") and "diversity at the plateau/cap" in row("less mode collapse")
+    assert "P2, reward at 4096 trajectories: - (n=0): claim not comparable" in section
+    assert "P3, reward at KL 20.000" in section and "equivalent within +-0.02: yes" in section
+    met = section[section.index("Predictions: "):].splitlines()[0]
+    assert "P1 not met" in met and "P2 (ahead at the smallest comparable trajectory count) met" in met
+    assert "P3 (equivalent at kappa) met" in met and "P4 (more diverse at the plateau/cap) met" in met
+    assert "P4 (equivalent at kappa) met" in met and "P5 met" in met
+    assert "Reward median at the plateau or the cap, vidd_official - other, seed-paired: standard_ft_official +0.030" \
+        in section
+    assert (tmp_path / "reward_kl.png").exists()
+
+
+def test_claim_answer_rule_and_the_paired_seed_floor():
+    from benchmarks.studies.vidd_plateau.report import Reading, claim_answer
+    up, down = Reading("P3", "a", (0.05, 0.01, 0.09), 5), Reading("P3", "b", (-0.05, -0.09, -0.01), 5)
+    flat, few = Reading("P3", "c", (0.0, -0.01, 0.01), 5), Reading("P3", "d", (0.05, 0.01, 0.09), 3)
+    assert few.verdict == "not comparable" and up.verdict == "holds" and down.verdict == "reversed"
+    assert claim_answer([up, flat]) == "holds" and claim_answer([down, flat]) == "reversed"
+    assert claim_answer([up, down]) == "mixed" and claim_answer([flat]) == "not shown"
+    assert claim_answer([few]) == "not comparable" and claim_answer([]) == "not comparable"
+    lower = Reading("P1", "drop", (-0.02, -0.03, -0.01), 5, better="lower", margin=0.02)
+    assert lower.verdict == "holds" and not lower.equivalent

@@ -142,6 +142,17 @@ PREDICTIONS = (
               "plateau/cap: we predict above 0"),
 )
 EQUIV_DIVERSITY_MARGIN = 0.03
+# Which reading answers each abstract claim (added 2026-12-07 with 0 of the 36 reported units recorded, while the
+# tuning extension ran; the predictions above are unchanged). Every reading is primary - DDPO, seed-paired, and is
+# "not comparable" where fewer than MIN_PAIRED_SEEDS seeds of both runs reach the matched value. A claim with several
+# readings holds when at least one holds and none is reversed, is reversed in the opposite case, and is "mixed" when
+# both occur. Readings named under "beside" are reported next to the answer and do not decide it.
+CLAIM_READINGS = {
+    "better stability": dict(decide=("P1",), beside=()),
+    "better sample efficiency": dict(decide=("P2 smallest comparable trajectories",), beside=("P2'",)),
+    "superior reward optimisation": dict(decide=("P3",), beside=("final reward",)),
+    "less mode collapse": dict(decide=("P4 at kappa",), beside=("P4 at the plateau/cap",)),
+}
 
 # declared unit costs (core-s) before measurement; status replaces them by measured means per (role, method)
 EST_S = {"pilot": 1150.0, "cap": 5.0, "tuning": 5.0, "tune": 160.0, "report": 600.0, "best_of_n": 250.0}

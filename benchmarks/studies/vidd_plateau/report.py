@@ -4,6 +4,7 @@ is in."""
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -139,6 +140,13 @@ def _final_table(by_unit: dict) -> list[str]:
                      f"{col('cpu_per_iteration', 3)} | {col('iteration', 0)} | "
                      f"{col('trajectories', 0)} | {col('queries', 0)} | {col('reward_median')} | {col('kl')} | "
                      f"{col('nll', 1)} | {col('diversity')} | {col('kmer3_corr')} | {col('eval_reward_median')} |")
+    prim = {s: r["metrics"]["reward_median"] for s, r in _runs(by_unit, plan.PRIMARY).items()}
+    others = [m for m in ROWS if m != plan.PRIMARY and _runs(by_unit, m)]
+    if prim and others:
+        lines += ["", f"Reward median at the plateau or the cap, {plan.PRIMARY} - other, seed-paired: "
+                  + "; ".join(f"{m} " + fmt_interval(_pair(prim, {s: r["metrics"]["reward_median"] for s, r in
+                                                                 _runs(by_unit, m).items()})[0], "{:+.3f}")
+                              for m in others) + "."]
     return lines + [""]
 
 
@@ -188,17 +196,109 @@ def _stability(by_unit: dict) -> list[str]:
     return lines + [""]
 
 
-def _verdict(stat: tuple[float, float, float], better: str, margin: float | None) -> str:
-    mean, lo, hi = stat
-    if not math.isfinite(lo):
-        return "not comparable"
-    sign = 1 if better == "higher" else -1
-    favour = lo > 0 if sign > 0 else hi < 0
-    against = hi < 0 if sign > 0 else lo > 0
-    out = "claim holds" if favour else "claim reversed" if against else "claim not shown"
-    if margin is not None:
-        out += f"; equivalent within +-{margin:g}: {'yes' if -margin < lo and hi < margin else 'no'}"
+@dataclass(frozen=True)
+class Reading:
+    """One seed-paired primary - other difference: ``group`` names the prediction part it reads (plan.CLAIM_READINGS)."""
+    group: str
+    label: str
+    stat: tuple[float, float, float]
+    n: int  # seeds where both runs have the value
+    better: str = "higher"
+    margin: float | None = None
+
+    @property
+    def comparable(self) -> bool:
+        return self.n >= plan.MIN_PAIRED_SEEDS and math.isfinite(self.stat[1])
+
+    @property
+    def verdict(self) -> str:
+        if not self.comparable:
+            return "not comparable"
+        _, lo, hi = self.stat
+        up, down = (lo > 0, hi < 0) if self.better == "higher" else (hi < 0, lo > 0)
+        return "holds" if up else "reversed" if down else "not shown"
+
+    @property
+    def equivalent(self) -> bool:
+        return self.comparable and self.margin is not None and -self.margin < self.stat[1] and self.stat[2] < self.margin
+
+    def line(self) -> str:
+        out = f"{fmt_interval(self.stat, '{:+.3f}')} (n={self.n}): claim {self.verdict}"
+        if self.margin is not None and self.comparable:
+            out += f"; equivalent within +-{self.margin:g}: {'yes' if self.equivalent else 'no'}"
+        return out
+
+
+def _pair(a: dict, b: dict) -> tuple[tuple[float, float, float], int]:
+    n = sum(1 for s, v in a.items() if v is not None and b.get(s) is not None)
+    return paired(a, b), n
+
+
+def readings(by_unit: dict, other: str = "ddpo") -> list[Reading]:
+    """Every declared reading of primary - ``other`` (plan.PREDICTIONS), in the order the section prints them; a
+    matched value that fewer than MIN_PAIRED_SEEDS seeds of both runs reach is "not comparable" (the declared rule)."""
+    cap = by_unit["cap"]["metrics"]
+    prim, oth = _runs(by_unit, plan.PRIMARY), _runs(by_unit, other)
+    final = lambda runs, k: {s: r["metrics"][k] for s, r in runs.items()}  # noqa: E731
+    at = lambda runs, axis, t, m="reward_median": {s: matched(r, axis, t, m) for s, r in runs.items()}  # noqa: E731
+    out = [Reading("P1", "largest drop", *_pair(final(prim, "largest_drop"), final(oth, "largest_drop")),
+                   better="lower", margin=0.02)]
+    out += [Reading("P2", f"reward at {t} trajectories", *_pair(at(prim, "trajectories", t), at(oth, "trajectories", t)))
+            for t in plan.TRAJ_MATCH]
+    out += [Reading("P2'", f"reward at {t} queries", *_pair(at(prim, "queries", t), at(oth, "queries", t)))
+            for t in plan.QUERY_MATCH]
+    out += [Reading("P3", f"reward at KL {t:.3f}", *_pair(at(prim, "kl", t), at(oth, "kl", t)),
+                    margin=0.02 if math.isclose(t, cap["kappa"]) else None) for t in cap["kl_match"]]
+    kappa = cap["kappa"]
+    out.append(Reading("P4 at kappa", f"diversity at KL kappa ({kappa:.3f})",
+                       *_pair(at(prim, "kl", kappa, "diversity"), at(oth, "kl", kappa, "diversity")),
+                       margin=plan.EQUIV_DIVERSITY_MARGIN))
+    out.append(Reading("P4 at the plateau/cap", "diversity at the plateau/cap",
+                       *_pair(final(prim, "diversity"), final(oth, "diversity"))))
+    out.append(Reading("final reward", "reward at the plateau/cap (descriptive)",
+                       *_pair(final(prim, "reward_median"), final(oth, "reward_median"))))
+    control = _runs(by_unit, "standard_ft_official")
+    out.append(Reading("P5", "primary - no-refresh control, reward at the plateau/cap",
+                       *_pair(final(prim, "reward_median"), final(control, "reward_median"))))
     return out
+
+
+def claim_answer(group_readings: list[Reading]) -> str:
+    """plan.CLAIM_READINGS' rule over the deciding readings: holds / reversed / mixed / not shown / not comparable."""
+    verdicts = {r.verdict for r in group_readings}
+    if not group_readings or verdicts == {"not comparable"}:
+        return "not comparable"
+    if "holds" in verdicts and "reversed" in verdicts:
+        return "mixed"
+    return "holds" if "holds" in verdicts else "reversed" if "reversed" in verdicts else "not shown"
+
+
+def _deciding(rs: list[Reading], name: str) -> list[Reading]:
+    if name == "P2 smallest comparable trajectories":
+        return next(([r] for r in rs if r.group == "P2" and r.comparable), [])
+    return [r for r in rs if r.group == name]
+
+
+def predictions_met(rs: list[Reading]) -> dict[str, str]:
+    """Each declared prediction (plan.PREDICTIONS' texts) against its readings: 'met', 'not met' or 'not comparable'."""
+    def met(ok: bool | None) -> str:
+        return "not comparable" if ok is None else "met" if ok else "not met"
+    group = lambda g: [r for r in rs if r.group == g]  # noqa: E731
+    p1 = group("P1")[0]
+    traj = _deciding(rs, "P2 smallest comparable trajectories")
+    queries = [r for r in group("P2'") if r.comparable]
+    kappa = next(r for r in group("P3") if r.margin is not None)
+    div_kappa, div_final, p5 = group("P4 at kappa")[0], group("P4 at the plateau/cap")[0], group("P5")[0]
+    return {
+        "P1": met(p1.equivalent if p1.comparable else None),
+        "P2 (ahead at the smallest comparable trajectory count)": met(traj[0].verdict == "holds" if traj else None),
+        "P2 (behind at every comparable query count)": met(all(r.verdict == "reversed" for r in queries)
+                                                            if queries else None),
+        "P3 (equivalent at kappa)": met(kappa.equivalent if kappa.comparable else None),
+        "P4 (more diverse at the plateau/cap)": met(div_final.verdict == "holds" if div_final.comparable else None),
+        "P4 (equivalent at kappa)": met(div_kappa.equivalent if div_kappa.comparable else None),
+        "P5": met(p5.verdict == "holds" if p5.comparable else None),
+    }
 
 
 def _predictions(by_unit: dict, complete: bool) -> list[str]:
@@ -206,31 +306,20 @@ def _predictions(by_unit: dict, complete: bool) -> list[str]:
     lines += [f"- {p['id']} ({p['claim']}): {p['text']}." for p in plan.PREDICTIONS]
     if not complete:
         return lines + ["", "Not read: the reported DNA units are not all in.", ""]
-    cap = by_unit["cap"]["metrics"]
-    prim, ddpo = _runs(by_unit, plan.PRIMARY), _runs(by_unit, "ddpo")
-    metric = lambda runs, k: {s: r["metrics"][k] for s, r in runs.items()}  # noqa: E731
-    at = lambda runs, axis, t, m="reward_median": {s: matched(r, axis, t, m) for s, r in runs.items()}  # noqa: E731
-    lines += ["", "Readings (primary - DDPO, seed-paired 95 % t-interval):", ""]
-    p1 = paired(metric(prim, "largest_drop"), metric(ddpo, "largest_drop"))
-    lines.append(f"- P1 largest drop: {fmt_interval(p1, '{:+.3f}')}: {_verdict(p1, 'lower', 0.02)}.")
-    for t in plan.TRAJ_MATCH:
-        d = paired(at(prim, "trajectories", t), at(ddpo, "trajectories", t))
-        lines.append(f"- P2 reward at {t} trajectories: {fmt_interval(d, '{:+.3f}')}: {_verdict(d, 'higher', None)}.")
-    for t in plan.QUERY_MATCH:
-        d = paired(at(prim, "queries", t), at(ddpo, "queries", t))
-        lines.append(f"- P2' reward at {t} queries: {fmt_interval(d, '{:+.3f}')}: {_verdict(d, 'higher', None)}.")
-    for t in cap["kl_match"]:
-        d = paired(at(prim, "kl", t), at(ddpo, "kl", t))
-        margin = 0.02 if math.isclose(t, cap["kappa"]) else None
-        lines.append(f"- P3 reward at KL {t:.3f}: {fmt_interval(d, '{:+.3f}')}: {_verdict(d, 'higher', margin)}.")
-    d = paired(at(prim, "kl", cap["kappa"], "diversity"), at(ddpo, "kl", cap["kappa"], "diversity"))
-    lines.append(f"- P4 diversity at KL kappa: {fmt_interval(d, '{:+.3f}')}: "
-                 f"{_verdict(d, 'higher', plan.EQUIV_DIVERSITY_MARGIN)}.")
-    d = paired(metric(prim, "diversity"), metric(ddpo, "diversity"))
-    lines.append(f"- P4 diversity at the plateau/cap: {fmt_interval(d, '{:+.3f}')}: {_verdict(d, 'higher', None)}.")
-    d = paired(metric(prim, "reward_median"), metric(_runs(by_unit, "standard_ft_official"), "reward_median"))
-    lines.append(f"- P5 primary - no-refresh control at the plateau/cap: {fmt_interval(d, '{:+.3f}')}: "
-                 f"{_verdict(d, 'higher', None)}.")
+    rs = readings(by_unit)
+    lines += ["", f"Readings ({plan.PRIMARY} - ddpo, seed-paired 95 % t-interval; n = seeds where both have the value, "
+              f"comparable at n >= {plan.MIN_PAIRED_SEEDS}):", ""]
+    lines += [f"- {r.group}, {r.label}: {r.line()}." for r in rs]
+    lines += ["", "Predictions: " + "; ".join(f"{k} {v}" for k, v in predictions_met(rs).items()) + ".", "",
+              "### The abstract's four claims here (the readings that decide each: plan.CLAIM_READINGS, declared with "
+              "0 of 36 reported units recorded)", "", "| claim | decided by | answer | beside it |", "|---|---|---|---|"]
+    for claim, rule in plan.CLAIM_READINGS.items():
+        decide = [r for name in rule["decide"] for r in _deciding(rs, name)]
+        beside = [r for name in rule["beside"] for r in _deciding(rs, name)]
+        lines.append(f"| {claim} | " + "; ".join(f"{r.label} {fmt_interval(r.stat, '{:+.3f}')} (n={r.n})"
+                                                 for r in decide) + f" | **{claim_answer(decide)}** | "
+                     + ("; ".join(f"{r.label} {fmt_interval(r.stat, '{:+.3f}')}: {r.verdict}" for r in beside) or "-")
+                     + " |")
     return lines + [""]
 
 
