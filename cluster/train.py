@@ -130,6 +130,23 @@ def _quiet_report_log() -> None:
     logging.getLogger(context.__file__).setLevel(logging.WARNING)  # that module names its logger by its file
 
 
+class _Trainer(TorchTrainer):
+    """A ``TorchTrainer`` without Ray Data's shard server when the run has no Ray Dataset. Ray Train starts a
+    ``DatasetManager`` actor for every run, datasets or not: a process that imports Ray Data (~1.4 CPU-s), on every
+    fit and every restart. orrery's learners read their own Parquet and pass no datasets, and a worker given no shard
+    provider is what Ray Train itself builds in that case (``dataset_shard_provider`` is optional)."""
+
+    def _create_default_callbacks(self) -> list:
+        callbacks = super()._create_default_callbacks()
+        if self.datasets:
+            return callbacks
+        try:
+            from ray.train.v2._internal.callbacks.datasets import DatasetsCallback
+        except ImportError:  # another Ray layout: keep its callbacks as they are
+            return callbacks
+        return [cb for cb in callbacks if not isinstance(cb, DatasetsCallback)]
+
+
 def fit(train_fn: Callable[[dict], None], loop_config: dict[str, Any], *, name: str, storage_path: str | Path,
         train: TrainConfig, max_failures: int = 0, num_to_keep: int = 2) -> ray.train.Result:
     """Run ``train_fn(loop_config)`` under a ``TorchTrainer``; raises with the worker's error if training fails."""
@@ -145,7 +162,7 @@ def fit(train_fn: Callable[[dict], None], loop_config: dict[str, Any], *, name: 
     # Ray Train hands these variables from the driver to its controller when the run starts
     os.environ[REPORT_POLL_ENV] = str(float(train.report_poll_s))
     os.environ[PREEMPTION_WATCHER_ENV] = "1" if train.preemption_watcher else "0"
-    trainer = TorchTrainer(
+    trainer = _Trainer(
         train_fn,
         train_loop_config=loop_config,
         torch_config=torch_config(train),

@@ -50,14 +50,18 @@ def test_ddp_two_workers_identical_params_and_resume(ray_cluster, tmp_path):
     from ray.util.state import list_actors
     session = ray.get_runtime_context().gcs_address  # by name: another lane's `ray start` nodes run beside this one
 
+    def actors(cls: str) -> int:
+        return len(list_actors(address=session, filters=[("class_name", "=", cls)], limit=10_000))
+
     def watchers() -> int:
-        return len(list_actors(address=session, filters=[("class_name", "=", "PreemptionWatcher")], limit=10_000))
+        return actors("PreemptionWatcher")
     train = TrainConfig(num_workers=2, cpus_per_worker=0.5, report_poll_s=0.3)
     out = tmp_path / "params"
     out.mkdir()
     before = watchers()
     result = fit(_toy_train_fn, {"steps": 5, "out": str(out)}, name="toy", storage_path=tmp_path, train=train)
     assert watchers() == before, "train.preemption_watcher=false (the default) starts no watcher actor"
+    assert actors("DatasetManager") == 0, "a fit without Ray Datasets starts no dataset manager (cluster.train)"
     r0, r1 = (json.loads((out / f"rank{r}.json").read_text()) for r in (0, 1))
     assert r0["params"] == pytest.approx(r1["params"], abs=1e-7)
     assert r0["poll"] == r1["poll"] == "0.3", "the controller polls at train.report_poll_s (and hands it on)"
