@@ -4,6 +4,7 @@ refused, and the report needs nothing but the committed JSON."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import signal
@@ -206,7 +207,7 @@ def test_status_names_units_that_failed_here_in_one_short_line(tmp_path):
     assert "failed here" not in format_status([{**row, "failed_here": []}])
 
 
-def test_commit_results_commits_only_the_study_folder(tmp_path):
+def test_commit_results_commits_only_the_study_folder(tmp_path, caplog):
     repo = tmp_path / "repo"
     run = lambda *a: subprocess.run(["git", "-C", str(repo), *a], check=True, capture_output=True, text=True)  # noqa: E731
     repo.mkdir()
@@ -224,6 +225,11 @@ def test_commit_results_commits_only_the_study_folder(tmp_path):
     files = run("show", "--name-only", "--format=", "HEAD").stdout.split()
     assert "benchmarks/studies/toy/records/stage.json" in files and "code.py" not in files
     assert "code.py" in run("diff", "--cached", "--name-only").stdout  # still staged, not committed
+    # a second lane whose record the first lane's commit already took: nothing to commit, and no error logged
+    (repo / "other.py").write_text("y = 1\n")  # an untracked file elsewhere: git's message then lacks "nothing"
+    with caplog.at_level(logging.ERROR, logger="benchmarks.study"):
+        assert not commit_results(results, "study toy: stage again", repo=repo)
+    assert not caplog.records, caplog.text
 
 
 def test_a_background_lane_yields_the_cpu_and_its_units_inherit_it():

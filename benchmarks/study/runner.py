@@ -407,14 +407,19 @@ def commit_results(results_dir: Path, message: str, repo: Path = ROOT, tries: in
     if big:
         raise StudyError(f"{big[0]} is {big[0].stat().st_size / 2**20:.0f} MiB; study artifacts are committed and "
                          f"must stay under {MAX_ARTIFACT_BYTES / 2**20:.0f} MiB a file (keep a slice, not the whole)")
+    def nothing_staged() -> bool:  # another lane's commit of this folder took these files with its own
+        return subprocess.run(["git", "-C", str(repo), "diff", "--cached", "--quiet", "--", str(rel)]).returncode == 0
+
     for attempt in range(tries):
         add = subprocess.run(["git", "-C", str(repo), "add", "--", str(rel)], capture_output=True, text=True)
         if add.returncode == 0:
+            if nothing_staged():
+                return False
             done = subprocess.run(["git", "-C", str(repo), "commit", "-q", "-m", message, "--", str(rel)],
                                   capture_output=True, text=True)
-            if done.returncode == 0 or "nothing" in (done.stdout + done.stderr):
+            if done.returncode == 0 or nothing_staged():
                 return done.returncode == 0
-            err = done.stderr
+            err = done.stderr or done.stdout
         else:
             err = add.stderr
         if "index.lock" not in err:
