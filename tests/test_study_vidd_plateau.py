@@ -283,7 +283,8 @@ def test_the_complete_report_reads_every_prediction_and_answers_each_claim(tmp_p
     section = report(_synthetic_complete_records(), tmp_path)
     assert "**Partial**" not in section and "Not read" not in section
     row = lambda claim: next(l for l in section.splitlines() if l.startswith(f"| {claim} |"))  # noqa: E731
-    assert "**holds**" in row("better stability")
+    assert "**holds**" in row("better stability") and "seed-to-seed SD of the final reward median" in row(
+        "better stability")
     assert "**holds**" in row("better sample efficiency") and "reward at 512 trajectories" in row(
         "better sample efficiency")
     assert "**not shown**" in row("superior reward optimisation")

@@ -148,7 +148,7 @@ EQUIV_DIVERSITY_MARGIN = 0.03
 # readings holds when at least one holds and none is reversed, is reversed in the opposite case, and is "mixed" when
 # both occur. Readings named under "beside" are reported next to the answer and do not decide it.
 CLAIM_READINGS = {
-    "better stability": dict(decide=("P1",), beside=()),
+    "better stability": dict(decide=("P1",), beside=("seed SD",)),
     "better sample efficiency": dict(decide=("P2 smallest comparable trajectories",), beside=("P2'",)),
     "superior reward optimisation": dict(decide=("P3",), beside=("final reward",)),
     "less mode collapse": dict(decide=("P4 at kappa",), beside=("P4 at the plateau/cap",)),

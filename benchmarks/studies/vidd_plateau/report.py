@@ -313,13 +313,18 @@ def _predictions(by_unit: dict, complete: bool) -> list[str]:
     lines += ["", "Predictions: " + "; ".join(f"{k} {v}" for k, v in predictions_met(rs).items()) + ".", "",
               "### The abstract's four claims here (the readings that decide each: plan.CLAIM_READINGS, declared with "
               "0 of 36 reported units recorded)", "", "| claim | decided by | answer | beside it |", "|---|---|---|---|"]
+    sd = {m: float(np.std([r["metrics"]["reward_median"] for r in _runs(by_unit, m).values()], ddof=1))
+          for m in (plan.PRIMARY, "ddpo")}
+    descriptive = {"seed SD": f"seed-to-seed SD of the final reward median {sd[plan.PRIMARY]:.3f} against ddpo's "
+                              f"{sd['ddpo']:.3f} (descriptive)"}
     for claim, rule in plan.CLAIM_READINGS.items():
         decide = [r for name in rule["decide"] for r in _deciding(rs, name)]
-        beside = [r for name in rule["beside"] for r in _deciding(rs, name)]
+        beside = [f"{r.label} {fmt_interval(r.stat, '{:+.3f}')}: {r.verdict}"
+                  for name in rule["beside"] if name not in descriptive for r in _deciding(rs, name)]
+        beside += [descriptive[name] for name in rule["beside"] if name in descriptive]
         lines.append(f"| {claim} | " + "; ".join(f"{r.label} {fmt_interval(r.stat, '{:+.3f}')} (n={r.n})"
                                                  for r in decide) + f" | **{claim_answer(decide)}** | "
-                     + ("; ".join(f"{r.label} {fmt_interval(r.stat, '{:+.3f}')}: {r.verdict}" for r in beside) or "-")
-                     + " |")
+                     + ("; ".join(beside) or "-") + " |")
     return lines + [""]
 
 
