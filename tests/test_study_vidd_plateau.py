@@ -310,3 +310,97 @@ def test_claim_answer_rule_and_the_paired_seed_floor():
     assert claim_answer([few]) == "not comparable" and claim_answer([]) == "not comparable"
     lower = Reading("P1", "drop", (-0.02, -0.03, -0.01), 5, better="lower", margin=0.02)
     assert lower.verdict == "holds" and not lower.equivalent
+
+
+# ------------------------------------------------------------------------------------------------ post-hoc step
+
+def _scored_tune_record(name: str, method: str, seed: int, score: float, kappa: float) -> dict:
+    """A tuning record whose reward at KL ``kappa`` is ``score`` (a straight reward-KL line through 0)."""
+    return {"unit": name, "role": "tune", "method": method, "seed": seed, "cpu_s": 1.0, "metrics": {},
+            "curves": {"kl": [0.0, 2 * kappa], "reward_median": [0.0, 2 * score]}}
+
+
+def test_posthoc_step_runs_only_past_an_edge_of_the_extended_grid_and_after_every_declared_unit(tmp_path):
+    """ddpo's declared choice sits on the extended grid's low clip edge, the primary's inside: the post-hoc gate
+    names that edge, one step of cells follows for ddpo alone, and where its choice moves, ddpo runs again on seeds
+    10-14 as `posthoc-` units, last in the plan, that the declared table does not wait for."""
+    from benchmarks.study.status import pending_reports
+    from benchmarks.studies.vidd_plateau.units import posthoc_choice, tuning_choice
+    records = tmp_path / "vidd_plateau" / "records"
+    (records / "artifacts" / "pretrain").mkdir(parents=True)
+    torch.save(_tiny_bundle(), records / "artifacts" / "pretrain" / "denoiser.pt")
+    kappa, sides = 10.0, [("knob", "high"), ("knob", "low"), ("lr", "high"), ("lr", "low")]
+    write = lambda rec: (records / f"{rec['unit']}.json").write_text(json.dumps(rec))  # noqa: E731
+    cap = next(r for r in _synthetic_complete_records() if r["unit"] == "cap")
+    write({**cap, "metrics": {**cap["metrics"], "cap_s": 8.0, "kappa": kappa}})
+    write({"unit": "tuning", "role": "gate", "method": "tuning", "cpu_s": 1.0,
+           "metrics": {"extend_sides": [list(s) for s in sides],
+                       "choices": {m: {"lr": 1e-3, "knob": plan.KNOB_GRIDS[m][1], "edges": [["knob", "low"]],
+                                       "reached_kappa": True} for m in plan.TUNED}},
+           "scores": {m: {} for m in plan.TUNED}})
+    best = {"vidd_official": (1e-3, 0.03), "ddpo": (1e-3, 0.004)}  # ddpo: the extended clip grid's lowest value
+    for method in plan.TUNED:
+        base, ext = plan.grid_cells(method, sides)
+        for lr, knob in base + ext:
+            for seed in plan.TUNE_SEEDS:
+                score = 0.2 if best.get(method) == (lr, knob) else 0.1
+                write(_scored_tune_record(plan.tune_name(method, lr, knob, seed), method, seed, score, kappa))
+    study = plan.make_study(records)
+    units = study.plan()
+    assert units[-1].name == "posthoc_edges" and not any(u.role == "posthoc" for u in units)
+    declared_last = max(i for i, u in enumerate(units) if u.role == "report")
+    assert declared_last < len(units) - 1
+
+    run_unit_inline(study, "posthoc_edges", results_root=tmp_path)
+    edges = json.loads((records / "posthoc_edges.json").read_text())["metrics"]["sides"]
+    assert edges == {"vidd_official": [], "ddpo": [["knob", "low"]]}
+    cells = [u for u in study.plan() if u.role == "tune" and u.after == ("posthoc_edges",)]
+    assert sorted({(u.setting["lr"], u.setting["knob"]) for u in cells}) == [
+        (lr, 0.0008) for lr in plan.LR_GRID] and {u.method for u in cells} == {"ddpo"}
+    for u in cells:  # one cell past the edge beats the declared choice
+        better = (u.setting["lr"], u.setting["knob"]) == (3e-3, 0.0008)
+        write(_scored_tune_record(u.name, "ddpo", u.seed, 0.3 if better else 0.05, kappa))
+    run_unit_inline(study, "posthoc_choice", results_root=tmp_path)
+    by_unit = {p.stem: json.loads(p.read_text()) for p in records.glob("*.json")}
+    choice = posthoc_choice("ddpo", by_unit)
+    assert (choice["lr"], choice["knob"], choice["moved"]) == (3e-3, 0.0008, True) and choice["edges"] == [
+        ("knob", "low")]
+    assert (tuning_choice("ddpo", by_unit)["lr"], tuning_choice("ddpo", by_unit)["knob"]) == (1e-3, 0.004), \
+        "the declared choice (and every declared unit's) is unchanged by the post-hoc cells"
+    units = study.plan()
+    posthoc = [u for u in units if u.role == "posthoc"]
+    assert [u.name for u in posthoc] == [f"posthoc-ddpo-s{s}" for s in REPORTED_SEEDS]
+    assert min(units.index(u) for u in posthoc) > declared_last and all(u.after == ("posthoc_choice",)
+                                                                           for u in posthoc)
+    assert not any(n.startswith("posthoc") for n in pending_reports(study, list(by_unit.values())))
+    section = report(list(by_unit.values()), records.parent)
+    assert section.splitlines()[0].startswith("## ") and "post-hoc" in section.splitlines()[0]
+    assert "- ddpo: declared lr 0.001, knob 0.004 -> post-hoc lr 0.003, knob 0.0008 (moved" in section
+    assert "Post-hoc runs recorded: ddpo 0/5" in section
+
+
+def test_the_posthoc_readings_sit_beside_the_declared_ones_once_their_runs_are_whole(tmp_path):
+    """With ddpo's post-hoc choice moved and its five runs in, the section keeps every declared reading and adds the
+    post-hoc claims table (here the post-hoc ddpo is 0.03 better at every KL: reward optimisation reversed)."""
+    (tmp_path / "records").mkdir()
+    recs = _synthetic_complete_records()
+    declared = report(recs, tmp_path)
+    choice = {"lr": 3e-3, "knob": 0.0008, "reached_kappa": True, "edges": [], "moved": True,
+              "declared": {"lr": 1e-3, "knob": 0.004}, "posthoc_sides": [["knob", "low"]],
+              "posthoc_cells": ["lr0.003-k0.0008"]}
+    recs += [{"unit": "posthoc_edges", "role": "gate", "method": "posthoc_edges", "cpu_s": 1.0,
+              "metrics": {"sides": {"vidd_official": [], "ddpo": [["knob", "low"]]},
+                          "choices": {"vidd_official": {"lr": 3e-3, "knob": 0.03}, "ddpo": {"lr": 1e-3, "knob": 0.004}}}},
+             {"unit": "posthoc_choice", "role": "gate", "method": "posthoc_choice", "cpu_s": 1.0,
+              "metrics": {"choices": {"vidd_official": {**choice, "moved": False, "posthoc_cells": []}, "ddpo": choice}},
+              "scores": {"vidd_official": {}, "ddpo": {"lr0.003-k0.0008": {"score": 0.13, "reaches": True}}}}]
+    shape = dict(traj_total=8000, queries_per_traj=1, kl_total=80, offset=0.03, drop=0.04, sign=-1)
+    recs += [{**_synthetic_run("ddpo", s, **shape), "unit": f"posthoc-ddpo-s{s}", "role": "posthoc"}
+             for s in REPORTED_SEEDS]
+    section = report(recs, tmp_path)
+    head, tail = section.split("### POST-HOC", 1)
+    assert declared.split("### POST-HOC", 1)[0] == head, "the declared part reads the same with the post-hoc runs in"
+    assert "- ddpo: declared lr 0.001, knob 0.004 -> post-hoc lr 0.003, knob 0.0008 (moved" in tail
+    assert "lr0.003-k0.0008 0.130" in tail and "POST-HOC claims table" in tail
+    row = next(line for line in tail.splitlines() if line.startswith("| superior reward optimisation |"))
+    assert "**reversed**" in row and "P5" not in tail.split("POST-HOC readings", 1)[1]

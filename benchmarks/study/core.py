@@ -12,7 +12,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-ROLES = ("stage", "gate", "tune", "report")
+# "posthoc": a reported-seed unit of an analysis added after a declared rule gave its result (labelled so in the
+# report); it runs after the declared units and the study's table is whole without it
+ROLES = ("stage", "gate", "tune", "report", "posthoc")
 REPORTED_SEEDS = tuple(range(10, 15))
 MIN_TUNING_SEED = 100
 STAGE_CALL_S = 15 * 60  # a long stage checkpoints at least this often, so a killed lane loses at most this much
@@ -45,7 +47,7 @@ class Unit:
             raise StudyError(f"unit name {self.name!r}: use only letters, digits and _.=-")
         if self.role not in ROLES:
             raise StudyError(f"unit {self.name}: role must be one of {ROLES}, got {self.role!r}")
-        if self.role == "report" and self.seed not in REPORTED_SEEDS:
+        if self.role in ("report", "posthoc") and self.seed not in REPORTED_SEEDS:
             raise StudyError(f"unit {self.name}: reported seeds are {REPORTED_SEEDS[0]}-{REPORTED_SEEDS[-1]}, "
                              f"got {self.seed}")
         if self.role == "tune" and (self.seed is None or self.seed < MIN_TUNING_SEED):

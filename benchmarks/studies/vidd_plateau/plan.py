@@ -154,6 +154,16 @@ CLAIM_READINGS = {
     "less mode collapse": dict(decide=("P4 at kappa",), beside=("P4 at the plateau/cap",)),
 }
 
+# POST-HOC (added 2026-12-07 11:40 UTC, after the declared extension's tuning records put ddpo's choice on an edge of
+# its extended grid (lr 1e-3, clip 0.004, the clip's lowest value) and before any reported unit ran). The declared
+# rule (extend once) is kept and every declared reading uses the declared choices. In addition: a method whose choice
+# decides the claims (POSTHOC_METHODS) and sits on an edge of its extended grid gets one more step on that side
+# (POSTHOC_STEP) on the tuning seeds at cap/4; if its choice over the grid so extended moves, it runs again on seeds
+# 10-14 as ``posthoc-<method>-s<seed>`` (role "posthoc", after every declared unit), and the report reads the claims
+# against it beside the declared readings, under a first line that says so.
+POSTHOC_METHODS = (PRIMARY, "ddpo")
+POSTHOC_STEP = {"lr": (3e-5, 3e-2), "vidd_official": (0.001, 1.0), "ddpo": (0.0008, 12.5)}  # (below, above)
+
 # declared unit costs (core-s) before measurement; status replaces them by measured means per (role, method)
 EST_S = {"pilot": 1150.0, "cap": 5.0, "tuning": 5.0, "tune": 160.0, "report": 600.0, "best_of_n": 250.0}
 
@@ -185,6 +195,24 @@ def grid_cells(method: str, sides: list[tuple[str, str]]) -> tuple[list[tuple[fl
     ext = rules.extension_cells(lrs, knobs, (LR_GRID[0], LR_GRID[-1]),
                                 (KNOB_GRIDS[method][0], KNOB_GRIDS[method][-1]), sides) if sides else []
     return base, ext
+
+
+def extended_grid(method: str, sides: list[tuple[str, str]]) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """(lrs, knobs) of a tuned method's grid after the declared extension on ``sides``."""
+    lrs, knobs = base_grid(method)
+    return (rules.extend(lrs, (LR_GRID[0], LR_GRID[-1]), [s for a, s in sides if a == "lr"]),
+            rules.extend(knobs, (KNOB_GRIDS[method][0], KNOB_GRIDS[method][-1]), [s for a, s in sides if a == "knob"]))
+
+
+def posthoc_cells(method: str, sides: list[tuple[str, str]], posthoc_sides: list[tuple[str, str]]) -> list[tuple]:
+    """The cells the post-hoc step adds past the edges ``posthoc_sides`` of the extended grid (POSTHOC_STEP)."""
+    lrs, knobs = extended_grid(method, sides)
+    return rules.extension_cells(lrs, knobs, POSTHOC_STEP["lr"], POSTHOC_STEP[method], posthoc_sides)
+
+
+def _record_metrics(records_dir: Path, name: str) -> dict | None:
+    path = Path(records_dir) / f"{name}.json"
+    return json.loads(path.read_text())["metrics"] if path.exists() else None
 
 
 def build_units(records_dir: Path = RECORDS) -> list[Unit]:
@@ -226,9 +254,42 @@ def build_units(records_dir: Path = RECORDS) -> list[Unit]:
         plan += [report_unit(method, seed) for method in REPORTED]
     plan += [report_unit("vidd_alg1", seed) for seed in APPENDIX_SEEDS]
     plan += [report_unit(method, seed, "molecule") for seed in APPENDIX_SEEDS for method in MOLECULE_METHODS]
+    plan += _posthoc_units(records_dir, sides, ext_names)
     for method in METHODS:
         if method not in TUNED and method not in USES_PRIMARY_CHOICE:
             raise StudyError(f"{STUDY_NAME}: {method} is neither tuned nor given the primary's choice")
+    return plan
+
+
+def _posthoc_units(records_dir: Path, sides: list[tuple[str, str]], ext_names: list[str]) -> list[Unit]:
+    """POST-HOC (see POSTHOC_STEP): a gate naming the edges of the extended grids' choices, their one-step cells, a
+    gate with the choices over the grids so extended, and the reported-seed runs of the methods whose choice moved.
+    Last in the plan: a lane reaches them only when no declared unit is runnable."""
+    if not Path(records_dir, "tuning.json").exists():
+        return []
+    plan = [Unit("posthoc_edges", "gate", "posthoc_edges", None, MOD + "posthoc_edges_unit",
+                 after=("tuning", *ext_names), est_core_s=EST_S["tuning"])]
+    edges = _record_metrics(records_dir, "posthoc_edges")
+    if edges is None:
+        return plan
+    cells = []
+    for method in POSTHOC_METHODS:
+        for seed in TUNE_SEEDS:
+            for lr, knob in posthoc_cells(method, sides, [tuple(e) for e in edges["sides"][method]]):
+                cells.append(Unit(tune_name(method, lr, knob, seed), "tune", method, seed, MOD + "finetune_unit",
+                                  setting={"method": method, "lr": lr, "knob": knob}, after=("posthoc_edges",),
+                                  est_core_s=EST_S["tune"]))
+    plan += cells
+    plan.append(Unit("posthoc_choice", "gate", "posthoc_choice", None, MOD + "posthoc_choice_unit",
+                     after=("posthoc_edges", *(u.name for u in cells)), est_core_s=EST_S["tuning"]))
+    choice = _record_metrics(records_dir, "posthoc_choice")
+    if choice is None:
+        return plan
+    for method in POSTHOC_METHODS:
+        if choice["choices"][method]["moved"]:
+            plan += [Unit(f"posthoc-{method}-s{seed}", "posthoc", method, seed, MOD + "finetune_unit",
+                          setting={"method": method, "task": "dna", "posthoc": True}, after=("posthoc_choice",),
+                          est_core_s=EST_S["report"]) for seed in REPORTED_SEEDS]
     return plan
 
 

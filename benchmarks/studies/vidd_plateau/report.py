@@ -234,11 +234,12 @@ def _pair(a: dict, b: dict) -> tuple[tuple[float, float, float], int]:
     return paired(a, b), n
 
 
-def readings(by_unit: dict, other: str = "ddpo") -> list[Reading]:
+def readings(by_unit: dict, other: str = "ddpo", prefixes: tuple[str, str] = ("", "")) -> list[Reading]:
     """Every declared reading of primary - ``other`` (plan.PREDICTIONS), in the order the section prints them; a
-    matched value that fewer than MIN_PAIRED_SEEDS seeds of both runs reach is "not comparable" (the declared rule)."""
+    matched value that fewer than MIN_PAIRED_SEEDS seeds of both runs reach is "not comparable" (the declared rule).
+    ``prefixes``: the (primary's, other's) unit-name prefixes (``posthoc-`` for the post-hoc runs)."""
     cap = by_unit["cap"]["metrics"]
-    prim, oth = _runs(by_unit, plan.PRIMARY), _runs(by_unit, other)
+    prim, oth = _runs(by_unit, plan.PRIMARY, prefix=prefixes[0]), _runs(by_unit, other, prefix=prefixes[1])
     final = lambda runs, k: {s: r["metrics"][k] for s, r in runs.items()}  # noqa: E731
     at = lambda runs, axis, t, m="reward_median": {s: matched(r, axis, t, m) for s, r in runs.items()}  # noqa: E731
     out = [Reading("P1", "largest drop", *_pair(final(prim, "largest_drop"), final(oth, "largest_drop")),
@@ -312,9 +313,14 @@ def _predictions(by_unit: dict, complete: bool) -> list[str]:
     lines += [f"- {r.group}, {r.label}: {r.line()}." for r in rs]
     lines += ["", "Predictions: " + "; ".join(f"{k} {v}" for k, v in predictions_met(rs).items()) + ".", "",
               "### The abstract's four claims here (the readings that decide each: plan.CLAIM_READINGS, declared with "
-              "0 of 36 reported units recorded)", "", "| claim | decided by | answer | beside it |", "|---|---|---|---|"]
-    sd = {m: float(np.std([r["metrics"]["reward_median"] for r in _runs(by_unit, m).values()], ddof=1))
-          for m in (plan.PRIMARY, "ddpo")}
+              "0 of 36 reported units recorded)", ""]
+    return lines + _claims_table(rs, by_unit) + [""]
+
+
+def _claims_table(rs: list[Reading], by_unit: dict, prefixes: tuple[str, str] = ("", "")) -> list[str]:
+    lines = ["| claim | decided by | answer | beside it |", "|---|---|---|---|"]
+    sd = {m: float(np.std([r["metrics"]["reward_median"] for r in _runs(by_unit, m, prefix=p).values()], ddof=1))
+          for m, p in zip((plan.PRIMARY, "ddpo"), prefixes)}
     descriptive = {"seed SD": f"seed-to-seed SD of the final reward median {sd[plan.PRIMARY]:.3f} against ddpo's "
                               f"{sd['ddpo']:.3f} (descriptive)"}
     for claim, rule in plan.CLAIM_READINGS.items():
@@ -325,7 +331,53 @@ def _predictions(by_unit: dict, complete: bool) -> list[str]:
         lines.append(f"| {claim} | " + "; ".join(f"{r.label} {fmt_interval(r.stat, '{:+.3f}')} (n={r.n})"
                                                  for r in decide) + f" | **{claim_answer(decide)}** | "
                      + ("; ".join(beside) or "-") + " |")
-    return lines + [""]
+    return lines
+
+
+POSTHOC_LINE = ("**Post-hoc analysis included** (labelled POST-HOC below): after the declared one-time grid extension "
+                "put ddpo's choice on an edge of its extended grid, one more tuning step past such edges was added for "
+                "the methods the claims read (plan.POSTHOC_STEP), before any reported unit ran. Every declared reading "
+                "above it uses the declared choices; the post-hoc readings are reported beside them.")
+
+
+def _posthoc_section(by_unit: dict, complete: bool) -> list[str]:
+    lines = ["### POST-HOC: one more tuning step past an edge of the extended grid (plan.POSTHOC_STEP)", "",
+             f"Added 2026-12-07, after the extended tuning and before any reported unit ran. For {', '.join(plan.POSTHOC_METHODS)}: "
+             "if the declared choice sits on an edge of the extended grid, one more step on that side (lr x3 or /3, the "
+             "knob one step of its own grid), tuning seeds, cap/4, the same choice rule; if the choice moves, that "
+             "method runs again on seeds 10-14 (`posthoc-<method>`).", ""]
+    edges = by_unit.get("posthoc_edges")
+    if edges is None:
+        return lines + ["Not yet run: its gate follows every declared unit.", ""]
+    lines += ["Edges of the declared choices on the extended grids: " + "; ".join(
+        f"{m} (lr {c['lr']:g}, knob {c['knob']:g}): {', '.join(f'{a} {s}' for a, s in edges['metrics']['sides'][m]) or 'none'}"
+        for m, c in edges["metrics"]["choices"].items()) + ".", ""]
+    gate = by_unit.get("posthoc_choice")
+    if gate is None:
+        return lines + ["The post-hoc cells are not all recorded yet.", ""]
+    moved = []
+    for m, c in gate["metrics"]["choices"].items():
+        new_cells, step = gate["scores"][m], c["posthoc_cells"]
+        lines.append(f"- {m}: declared lr {c['declared']['lr']:g}, knob {c['declared']['knob']:g} -> post-hoc lr "
+                     f"{c['lr']:g}, knob {c['knob']:g} ({'moved' if c['moved'] else 'not moved'}; on an edge of the "
+                     f"post-hoc grid: {', '.join(f'{a} {s}' for a, s in c['edges']) or 'no'}). Post-hoc cells: "
+                     + ("; ".join(f"{k} {new_cells[k]['score']:.3f}{'' if new_cells[k]['reaches'] else ' short'}"
+                                  for k in sorted(step)) or "none") + ".")
+        if c["moved"]:
+            moved.append(m)
+    lines.append("")
+    if not moved:
+        return lines + ["No choice moved: the declared readings stand for the grids so extended.", ""]
+    prefixes = tuple("posthoc-" if m in moved else "" for m in (plan.PRIMARY, "ddpo"))
+    have = {m: len(_runs(by_unit, m, prefix="posthoc-")) for m in moved}
+    if not complete or any(n < len(REPORTED_SEEDS) for n in have.values()):
+        return lines + ["Post-hoc runs recorded: " + ", ".join(f"{m} {n}/{len(REPORTED_SEEDS)}" for m, n in have.items())
+                        + "; read when they and the declared table are whole.", ""]
+    rs = [r for r in readings(by_unit, prefixes=prefixes) if r.group != "P5"]
+    lines += [f"POST-HOC readings ({plan.PRIMARY}{' (post-hoc choice)' if prefixes[0] else ''} - ddpo"
+              f"{' (post-hoc choice)' if prefixes[1] else ''}, seed-paired):", ""]
+    lines += [f"- {r.group}, {r.label}: {r.line()}." for r in rs]
+    return lines + ["", "POST-HOC claims table:", ""] + _claims_table(rs, by_unit, prefixes) + [""]
 
 
 def _appendix(by_unit: dict) -> list[str]:
@@ -377,13 +429,16 @@ def _budget(records: list[dict], units: list) -> list[str]:
     left = sum(expected_core_s(u, measured) for u in pending) / 3600
     extension = [u for u in units if u.role == "tune" and "tuning" in u.after]  # the gate's extension cells
     ext_h = sum(cpu[u.name] if u.name in cpu else expected_core_s(u, measured) for u in extension) / 3600
+    posthoc = [u for u in units if u.name.startswith("posthoc") or "posthoc_edges" in u.after]
+    post_h = sum(cpu[u.name] if u.name in cpu else expected_core_s(u, measured) for u in posthoc) / 3600
     total = spent + left
     over = f" (**over by {total - BUDGET_CORE_H:.2f}**)" if total > BUDGET_CORE_H else ""
     return ["### Budget", "",
             f"{spent:.2f} core-h measured over {len(records)} units; {len(pending)} units left, ~{left:.2f} core-h at "
             f"the costs measured so far: ~{total:.2f} of the issue's {BUDGET_CORE_H:.0f} core-hours{over}. The "
             f"declared one-time grid extension is {len(extension)} of the tuning units (~{ext_h:.2f} core-h), which "
-            "the plan's budget arithmetic did not price; it runs as declared.", ""]
+            "the plan's budget arithmetic did not price; it runs as declared. The POST-HOC step's units known so far: "
+            f"{len(posthoc)} (~{post_h:.2f} core-h; its cells and runs appear as its gates record).", ""]
 
 
 def report(records: list[dict], out_dir: Path) -> str:
@@ -393,8 +448,8 @@ def report(records: list[dict], out_dir: Path) -> str:
     status, complete = _status(by_unit, units)
     cap = by_unit.get("cap", {}).get("metrics")
     study = plan.STUDY_NAME
-    lines = [f"## VIDD vs DDPO to the plateau, on the reward-KL frontier, DNA (`python -m benchmarks.study {study} "
-             "report`)", "",
+    lines = [f"## VIDD vs DDPO to the plateau, on the reward-KL frontier, DNA; one analysis post-hoc, labelled "
+             f"(`python -m benchmarks.study {study} report`)", "", POSTHOC_LINE, "",
              f"Run by `nice -n 19 python -m benchmarks.study {study} run`. Issue 46; its section replaces "
              "`vidd_budget`'s and `vidd_budget_molecule`'s here (their records and reports are kept).", ""]
     lines += status
@@ -411,7 +466,8 @@ def report(records: list[dict], out_dir: Path) -> str:
         lines += _matched_table(by_unit, "kl", [cap["kappa"]], "Diversity at KL kappa", metric="diversity")
     lines += _matched_table(by_unit, "trajectories", list(plan.TRAJ_MATCH), "Reward at matched sampled trajectories")
     lines += _matched_table(by_unit, "queries", list(plan.QUERY_MATCH), "Reward at matched oracle queries")
-    lines += _stability(by_unit) + _predictions(by_unit, complete) + _appendix(by_unit) + _budget(records, units)
+    lines += _stability(by_unit) + _predictions(by_unit, complete) + _posthoc_section(by_unit, complete)
+    lines += _appendix(by_unit) + _budget(records, units)
     plot = _plot(by_unit, Path(out_dir))
     if plot:
         lines += [f"Plot: `{plot}` (median reward against trajectory KL, one line per reported run).", ""]

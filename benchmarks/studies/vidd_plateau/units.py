@@ -113,6 +113,30 @@ def tuning_choice(method: str, records: dict, extended: bool = True) -> dict:
             "scores": {f"lr{plan.name_of(c[0])}-k{plan.name_of(c[1])}": s for c, s in scores.items()}}
 
 
+def _posthoc_grid_choice(method: str, records: dict) -> dict:
+    """POST-HOC (plan.POSTHOC_STEP): the tuning rule over the extended grid plus the post-hoc step's cells."""
+    declared = tuning_choice(method, records)
+    kappa, sides = declared["kappa"], [tuple(s) for s in declared["extended"]]
+    edges = [tuple(e) for e in _record(records, "posthoc_edges")["metrics"]["sides"][method]]
+    base, ext = plan.grid_cells(method, sides)
+    added = plan.posthoc_cells(method, sides, edges)
+    scores = tuning_scores(method, records, base + ext + added, kappa)
+    (lr, knob), reached = rules.choose_cell(scores)
+    lrs, knobs = sorted({c[0] for c in scores}), sorted({c[1] for c in scores})
+    return {"from": method, "lr": lr, "knob": knob, "reached_kappa": reached, "kappa": kappa, "posthoc": True,
+            "edges": rules.edge_sides((lr, knob), lrs, knobs), "extended": declared["extended"],
+            "posthoc_sides": edges, "declared": {"lr": declared["lr"], "knob": declared["knob"]},
+            "posthoc_cells": [f"lr{plan.name_of(c[0])}-k{plan.name_of(c[1])}" for c in added],
+            "moved": (lr, knob) != (declared["lr"], declared["knob"]),
+            "scores": {f"lr{plan.name_of(c[0])}-k{plan.name_of(c[1])}": s for c, s in scores.items()}}
+
+
+def posthoc_choice(method: str, records: dict) -> dict:
+    """The post-hoc choice a ``posthoc-<method>`` run uses: the ``posthoc_choice`` gate's record."""
+    _record(records, "posthoc_choice")
+    return _posthoc_grid_choice(method, records)
+
+
 # ------------------------------------------------------------------------------------------------ fine-tuning
 
 def finetune_unit(ctx: UnitContext) -> dict:
@@ -127,7 +151,7 @@ def finetune_unit(ctx: UnitContext) -> dict:
     if role == "tune":
         lr, knob = float(ctx.setting["lr"]), float(ctx.setting["knob"])
     else:
-        choice = tuning_choice(method, records)
+        choice = posthoc_choice(method, records) if role == "posthoc" else tuning_choice(method, records)
         lr, knob = choice["lr"], choice["knob"]
     if pilot:
         cap_s, n_grid = float(spec.size(ctx, "pilot_s")), plan.CAP_GRID
@@ -135,7 +159,7 @@ def finetune_unit(ctx: UnitContext) -> dict:
         cap = float(_record(records, "cap")["metrics"]["cap_s"])
         cap_s, n_grid = (cap / 4, plan.TUNE_GRID) if role == "tune" else (cap, plan.CAP_GRID)
     query_points = list(plan.QUERY_POINTS) if role != "tune" or pilot else []
-    stop_at_plateau = role == "report"
+    stop_at_plateau = role in ("report", "posthoc")
     cfg = method_config(ctx, spec, method, lr, knob)
     n_eval, seed = int(spec.size(ctx, "eval_samples")), int(ctx.seed)
     inner = cfg.ddpo_inner_steps if plan.METHODS[method][0] == "ddpo" else cfg.updates_per_batch
@@ -246,6 +270,24 @@ def tuning_unit(ctx: UnitContext) -> dict:
     return {"metrics": {"extend_sides": [list(s) for s in sides],
                         "choices": {m: {"lr": c["lr"], "knob": c["knob"], "edges": c["edges"],
                                         "reached_kappa": c["reached_kappa"]} for m, c in choices.items()}},
+            "scores": {m: c["scores"] for m, c in choices.items()}}
+
+
+def posthoc_edges_unit(ctx: UnitContext) -> dict:
+    """POST-HOC (plan.POSTHOC_STEP): the edges of the extended grid that each claim-deciding method's choice sits on."""
+    records = ctx.records()
+    choices = {m: tuning_choice(m, records) for m in plan.POSTHOC_METHODS}
+    return {"metrics": {"sides": {m: [list(e) for e in c["edges"]] for m, c in choices.items()},
+                        "choices": {m: {"lr": c["lr"], "knob": c["knob"]} for m, c in choices.items()}}}
+
+
+def posthoc_choice_unit(ctx: UnitContext) -> dict:
+    """POST-HOC: each claim-deciding method's choice over its extended grid plus the post-hoc step's cells, and whether
+    it moved from the declared choice (then its ``posthoc-`` runs follow)."""
+    records = ctx.records()
+    choices = {m: _posthoc_grid_choice(m, records) for m in plan.POSTHOC_METHODS}
+    keys = ("lr", "knob", "reached_kappa", "edges", "moved", "declared", "posthoc_sides", "posthoc_cells")
+    return {"metrics": {"choices": {m: {k: c[k] for k in keys} for m, c in choices.items()}},
             "scores": {m: c["scores"] for m, c in choices.items()}}
 
 
