@@ -301,7 +301,7 @@ def test_the_complete_report_reads_every_prediction_and_answers_each_claim(tmp_p
 
 
 def test_claim_answer_rule_and_the_paired_seed_floor():
-    from benchmarks.studies.vidd_plateau.report import Reading, claim_answer
+    from benchmarks.studies.vidd_plateau.claims import Reading, claim_answer
     up, down = Reading("P3", "a", (0.05, 0.01, 0.09), 5), Reading("P3", "b", (-0.05, -0.09, -0.01), 5)
     flat, few = Reading("P3", "c", (0.0, -0.01, 0.01), 5), Reading("P3", "d", (0.05, 0.01, 0.09), 3)
     assert few.verdict == "not comparable" and up.verdict == "holds" and down.verdict == "reversed"

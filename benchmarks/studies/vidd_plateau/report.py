@@ -4,7 +4,6 @@ is in."""
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -13,24 +12,14 @@ from benchmarks.study.core import REPORTED_SEEDS, expected_core_s, measured_cost
 from benchmarks.study.figures import save_figure
 from benchmarks.study.stats import fmt_interval, paired, t_interval
 from benchmarks.studies.vidd_plateau import plan, rules
+from benchmarks.studies.vidd_plateau.claims import (claims_table, matched, paired_n, predictions_met, readings,
+                                                    runs_of)
 
 ROWS = (*plan.REPORTED, "best_of_n")
 
 
 def _ci(values: list[float], digits: int = 3) -> str:
     return fmt_interval(t_interval(values), "{:." + str(digits) + "f}")
-
-
-def _runs(by_unit: dict, method: str, seeds=REPORTED_SEEDS, prefix: str = "") -> dict[int, dict]:
-    return {s: by_unit[f"{prefix}{method}-s{s}"] for s in seeds if f"{prefix}{method}-s{s}" in by_unit}
-
-
-def matched(run: dict, axis: str, target: float, metric: str = "reward_median") -> float | None:
-    """``metric`` of a run where its ``axis`` curve first reaches ``target`` (None: outside its range)."""
-    c = run["curves"]
-    if axis not in c or metric not in c:
-        return None
-    return rules.value_at(c[axis], c[metric], target)
 
 
 def _status(by_unit: dict, units: list) -> tuple[list[str], bool]:
@@ -105,7 +94,7 @@ def _tuning_section(by_unit: dict) -> list[str]:
               "| method | knob | chosen lr | chosen knob | reached kappa | on an edge of the grid it chose from | "
               "cells (score) |", "|---|---|---|---|---|---|---|"]
     for method in plan.TUNED:
-        rec = next((r for s, r in _runs(by_unit, method).items()), None)
+        rec = next((r for s, r in runs_of(by_unit, method).items()), None)
         choice = rec["tuning"] if rec and "tuning" in rec else {**gate["metrics"]["choices"][method],
                                                                "scores": gate["scores"][method], "extended": []}
         cells = "; ".join(f"{k} {v['score']:.3f}{'' if v['reaches'] else ' short'}"
@@ -124,7 +113,7 @@ def _final_table(by_unit: dict) -> list[str]:
              "held-out median |",
              "|" + "---|" * 14]
     for method in ROWS:
-        runs = list(_runs(by_unit, method).values())
+        runs = list(runs_of(by_unit, method).values())
         if not runs:
             continue
         ms = [r["metrics"] for r in runs]
@@ -140,12 +129,12 @@ def _final_table(by_unit: dict) -> list[str]:
                      f"{col('cpu_per_iteration', 3)} | {col('iteration', 0)} | "
                      f"{col('trajectories', 0)} | {col('queries', 0)} | {col('reward_median')} | {col('kl')} | "
                      f"{col('nll', 1)} | {col('diversity')} | {col('kmer3_corr')} | {col('eval_reward_median')} |")
-    prim = {s: r["metrics"]["reward_median"] for s, r in _runs(by_unit, plan.PRIMARY).items()}
-    others = [m for m in ROWS if m != plan.PRIMARY and _runs(by_unit, m)]
+    prim = {s: r["metrics"]["reward_median"] for s, r in runs_of(by_unit, plan.PRIMARY).items()}
+    others = [m for m in ROWS if m != plan.PRIMARY and runs_of(by_unit, m)]
     if prim and others:
         lines += ["", f"Reward median at the plateau or the cap, {plan.PRIMARY} - other, seed-paired: "
-                  + "; ".join(f"{m} " + fmt_interval(_pair(prim, {s: r["metrics"]["reward_median"] for s, r in
-                                                                 _runs(by_unit, m).items()})[0], "{:+.3f}")
+                  + "; ".join(f"{m} " + fmt_interval(paired_n(prim, {s: r["metrics"]["reward_median"] for s, r in
+                                                                 runs_of(by_unit, m).items()})[0], "{:+.3f}")
                               for m in others) + "."]
     return lines + [""]
 
@@ -158,7 +147,7 @@ def _matched_table(by_unit: dict, axis: str, targets: list[float], title: str, m
              "|" + "---|" * (len(targets) + 1)]
     values = {}
     for method in ROWS:
-        runs = _runs(by_unit, method)
+        runs = runs_of(by_unit, method)
         if not runs:
             continue
         values[method] = {t: {s: matched(r, axis, t, metric) for s, r in runs.items()} for t in targets}
@@ -189,117 +178,11 @@ def _stability(by_unit: dict) -> list[str]:
              "best, on the CPU-grid evaluation points)", "", "| method | seeds | SD of final median | largest drop |",
              "|---|---|---|---|"]
     for method in plan.REPORTED:
-        ms = [r["metrics"] for r in _runs(by_unit, method).values()]
+        ms = [r["metrics"] for r in runs_of(by_unit, method).values()]
         if ms:
             sd = float(np.std([m["reward_median"] for m in ms], ddof=1)) if len(ms) > 1 else math.nan
             lines.append(f"| {method} | {len(ms)} | {sd:.3f} | {_ci([m['largest_drop'] for m in ms])} |")
     return lines + [""]
-
-
-@dataclass(frozen=True)
-class Reading:
-    """One seed-paired primary - other difference: ``group`` names the prediction part it reads (plan.CLAIM_READINGS)."""
-    group: str
-    label: str
-    stat: tuple[float, float, float]
-    n: int  # seeds where both runs have the value
-    better: str = "higher"
-    margin: float | None = None
-
-    @property
-    def comparable(self) -> bool:
-        return self.n >= plan.MIN_PAIRED_SEEDS and math.isfinite(self.stat[1])
-
-    @property
-    def verdict(self) -> str:
-        if not self.comparable:
-            return "not comparable"
-        _, lo, hi = self.stat
-        up, down = (lo > 0, hi < 0) if self.better == "higher" else (hi < 0, lo > 0)
-        return "holds" if up else "reversed" if down else "not shown"
-
-    @property
-    def equivalent(self) -> bool:
-        return self.comparable and self.margin is not None and -self.margin < self.stat[1] and self.stat[2] < self.margin
-
-    def line(self) -> str:
-        out = f"{fmt_interval(self.stat, '{:+.3f}')} (n={self.n}): claim {self.verdict}"
-        if self.margin is not None and self.comparable:
-            out += f"; equivalent within +-{self.margin:g}: {'yes' if self.equivalent else 'no'}"
-        return out
-
-
-def _pair(a: dict, b: dict) -> tuple[tuple[float, float, float], int]:
-    n = sum(1 for s, v in a.items() if v is not None and b.get(s) is not None)
-    return paired(a, b), n
-
-
-def readings(by_unit: dict, other: str = "ddpo", prefixes: tuple[str, str] = ("", "")) -> list[Reading]:
-    """Every declared reading of primary - ``other`` (plan.PREDICTIONS), in the order the section prints them; a
-    matched value that fewer than MIN_PAIRED_SEEDS seeds of both runs reach is "not comparable" (the declared rule).
-    ``prefixes``: the (primary's, other's) unit-name prefixes (``posthoc-`` for the post-hoc runs)."""
-    cap = by_unit["cap"]["metrics"]
-    prim, oth = _runs(by_unit, plan.PRIMARY, prefix=prefixes[0]), _runs(by_unit, other, prefix=prefixes[1])
-    final = lambda runs, k: {s: r["metrics"][k] for s, r in runs.items()}  # noqa: E731
-    at = lambda runs, axis, t, m="reward_median": {s: matched(r, axis, t, m) for s, r in runs.items()}  # noqa: E731
-    out = [Reading("P1", "largest drop", *_pair(final(prim, "largest_drop"), final(oth, "largest_drop")),
-                   better="lower", margin=0.02)]
-    out += [Reading("P2", f"reward at {t} trajectories", *_pair(at(prim, "trajectories", t), at(oth, "trajectories", t)))
-            for t in plan.TRAJ_MATCH]
-    out += [Reading("P2'", f"reward at {t} queries", *_pair(at(prim, "queries", t), at(oth, "queries", t)))
-            for t in plan.QUERY_MATCH]
-    out += [Reading("P3", f"reward at KL {t:.3f}", *_pair(at(prim, "kl", t), at(oth, "kl", t)),
-                    margin=0.02 if math.isclose(t, cap["kappa"]) else None) for t in cap["kl_match"]]
-    kappa = cap["kappa"]
-    out.append(Reading("P4 at kappa", f"diversity at KL kappa ({kappa:.3f})",
-                       *_pair(at(prim, "kl", kappa, "diversity"), at(oth, "kl", kappa, "diversity")),
-                       margin=plan.EQUIV_DIVERSITY_MARGIN))
-    out.append(Reading("P4 at the plateau/cap", "diversity at the plateau/cap",
-                       *_pair(final(prim, "diversity"), final(oth, "diversity"))))
-    out.append(Reading("final reward", "reward at the plateau/cap (descriptive)",
-                       *_pair(final(prim, "reward_median"), final(oth, "reward_median"))))
-    control = _runs(by_unit, "standard_ft_official")
-    out.append(Reading("P5", "primary - no-refresh control, reward at the plateau/cap",
-                       *_pair(final(prim, "reward_median"), final(control, "reward_median"))))
-    return out
-
-
-def claim_answer(group_readings: list[Reading]) -> str:
-    """plan.CLAIM_READINGS' rule over the deciding readings: holds / reversed / mixed / not shown / not comparable."""
-    verdicts = {r.verdict for r in group_readings}
-    if not group_readings or verdicts == {"not comparable"}:
-        return "not comparable"
-    if "holds" in verdicts and "reversed" in verdicts:
-        return "mixed"
-    return "holds" if "holds" in verdicts else "reversed" if "reversed" in verdicts else "not shown"
-
-
-def _deciding(rs: list[Reading], name: str) -> list[Reading]:
-    if name == "P2 smallest comparable trajectories":
-        return next(([r] for r in rs if r.group == "P2" and r.comparable), [])
-    return [r for r in rs if r.group == name]
-
-
-def predictions_met(rs: list[Reading]) -> dict[str, str]:
-    """Each declared prediction (plan.PREDICTIONS' texts) against its readings: 'met', 'not met' or 'not comparable'."""
-    def met(ok: bool | None) -> str:
-        return "not comparable" if ok is None else "met" if ok else "not met"
-    group = lambda g: [r for r in rs if r.group == g]  # noqa: E731
-    p1 = group("P1")[0]
-    traj = _deciding(rs, "P2 smallest comparable trajectories")
-    queries = [r for r in group("P2'") if r.comparable]
-    kappa = next(r for r in group("P3") if r.margin is not None)
-    div_kappa, div_final, p5 = group("P4 at kappa")[0], group("P4 at the plateau/cap")[0], group("P5")[0]
-    return {
-        "P1": met(p1.equivalent if p1.comparable else None),
-        "P2 (ahead at the smallest comparable trajectory count)": met(traj[0].verdict == "holds" if traj else None),
-        "P2 (behind at every comparable query count)": met(all(r.verdict == "reversed" for r in queries)
-                                                            if queries else None),
-        "P3 (equivalent at kappa)": met(kappa.equivalent if kappa.comparable else None),
-        "P4 (more diverse at the plateau/cap)": met(div_final.verdict == "holds" if div_final.comparable else None),
-        "P4 (equivalent at kappa)": met(div_kappa.equivalent if div_kappa.comparable else None),
-        "P5": met(p5.verdict == "holds" if p5.comparable else None),
-    }
 
 
 def _predictions(by_unit: dict, complete: bool) -> list[str]:
@@ -314,24 +197,7 @@ def _predictions(by_unit: dict, complete: bool) -> list[str]:
     lines += ["", "Predictions: " + "; ".join(f"{k} {v}" for k, v in predictions_met(rs).items()) + ".", "",
               "### The abstract's four claims here (the readings that decide each: plan.CLAIM_READINGS, declared with "
               "0 of 36 reported units recorded)", ""]
-    return lines + _claims_table(rs, by_unit) + [""]
-
-
-def _claims_table(rs: list[Reading], by_unit: dict, prefixes: tuple[str, str] = ("", "")) -> list[str]:
-    lines = ["| claim | decided by | answer | beside it |", "|---|---|---|---|"]
-    sd = {m: float(np.std([r["metrics"]["reward_median"] for r in _runs(by_unit, m, prefix=p).values()], ddof=1))
-          for m, p in zip((plan.PRIMARY, "ddpo"), prefixes)}
-    descriptive = {"seed SD": f"seed-to-seed SD of the final reward median {sd[plan.PRIMARY]:.3f} against ddpo's "
-                              f"{sd['ddpo']:.3f} (descriptive)"}
-    for claim, rule in plan.CLAIM_READINGS.items():
-        decide = [r for name in rule["decide"] for r in _deciding(rs, name)]
-        beside = [f"{r.label} {fmt_interval(r.stat, '{:+.3f}')}: {r.verdict}"
-                  for name in rule["beside"] if name not in descriptive for r in _deciding(rs, name)]
-        beside += [descriptive[name] for name in rule["beside"] if name in descriptive]
-        lines.append(f"| {claim} | " + "; ".join(f"{r.label} {fmt_interval(r.stat, '{:+.3f}')} (n={r.n})"
-                                                 for r in decide) + f" | **{claim_answer(decide)}** | "
-                     + ("; ".join(beside) or "-") + " |")
-    return lines
+    return lines + claims_table(rs, by_unit) + [""]
 
 
 POSTHOC_LINE = ("**Post-hoc analysis included** (labelled POST-HOC below): after the declared one-time grid extension "
@@ -369,7 +235,7 @@ def _posthoc_section(by_unit: dict, complete: bool) -> list[str]:
     if not moved:
         return lines + ["No choice moved: the declared readings stand for the grids so extended.", ""]
     prefixes = tuple("posthoc-" if m in moved else "" for m in (plan.PRIMARY, "ddpo"))
-    have = {m: len(_runs(by_unit, m, prefix="posthoc-")) for m in moved}
+    have = {m: len(runs_of(by_unit, m, prefix="posthoc-")) for m in moved}
     if not complete or any(n < len(REPORTED_SEEDS) for n in have.values()):
         return lines + ["Post-hoc runs recorded: " + ", ".join(f"{m} {n}/{len(REPORTED_SEEDS)}" for m, n in have.items())
                         + "; read when they and the declared table are whole.", ""]
@@ -377,7 +243,7 @@ def _posthoc_section(by_unit: dict, complete: bool) -> list[str]:
     lines += [f"POST-HOC readings ({plan.PRIMARY}{' (post-hoc choice)' if prefixes[0] else ''} - ddpo"
               f"{' (post-hoc choice)' if prefixes[1] else ''}, seed-paired):", ""]
     lines += [f"- {r.group}, {r.label}: {r.line()}." for r in rs]
-    return lines + ["", "POST-HOC claims table:", ""] + _claims_table(rs, by_unit, prefixes) + [""]
+    return lines + ["", "POST-HOC claims table:", ""] + claims_table(rs, by_unit, prefixes) + [""]
 
 
 def _appendix(by_unit: dict) -> list[str]:
@@ -396,7 +262,7 @@ def _appendix(by_unit: dict) -> list[str]:
 
 
 def _plot(by_unit: dict, out_dir: Path) -> str | None:
-    runs = {m: _runs(by_unit, m) for m in ROWS}
+    runs = {m: runs_of(by_unit, m) for m in ROWS}
     if not any(runs.values()):
         return None
     import matplotlib
