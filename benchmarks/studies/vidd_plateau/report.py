@@ -10,7 +10,7 @@ import numpy as np
 
 from benchmarks.study.core import REPORTED_SEEDS, expected_core_s, measured_costs
 from benchmarks.study.figures import save_figure
-from benchmarks.study.stats import fmt_interval, paired, t_interval
+from benchmarks.study.stats import fmt_interval, t_interval
 from benchmarks.studies.vidd_plateau import plan, rules
 from benchmarks.studies.vidd_plateau.claims import (claims_table, matched, paired_n, predictions_met, readings,
                                                     runs_of)
@@ -164,10 +164,8 @@ def _matched_table(by_unit: dict, axis: str, targets: list[float], title: str, m
                 continue
             cells = []
             for t in targets:
-                a = {s: v for s, v in values[plan.PRIMARY][t].items() if v is not None}
-                b = {s: v for s, v in by_t[t].items() if v is not None}
-                n = len(set(a) & set(b))
-                cells.append(fmt_interval(paired(a, b), "{:+.3f}") + f" (n={n})" if n >= plan.MIN_PAIRED_SEEDS
+                stat, n = paired_n(values[plan.PRIMARY][t], by_t[t])
+                cells.append(fmt_interval(stat, "{:+.3f}") + f" (n={n})" if n >= plan.MIN_PAIRED_SEEDS
                              else f"not comparable (n={n})")
             lines.append(f"| {method} | " + " | ".join(cells) + " |")
     return lines + [""]
