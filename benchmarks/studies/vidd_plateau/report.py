@@ -260,23 +260,39 @@ def _appendix(by_unit: dict) -> list[str]:
 
 
 def _plot(by_unit: dict, out_dir: Path) -> str | None:
+    """One panel per method (its seeds in colour, every other method's runs faint behind them), so each method's
+    frontier can be read against the rest; dotted lines mark the matched KL values."""
     runs = {m: runs_of(by_unit, m) for m in ROWS}
-    if not any(runs.values()):
+    runs = {m: by_seed for m, by_seed in runs.items() if by_seed}
+    if not runs:
         return None
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    fig, ax = plt.subplots(figsize=(7.5, 4.8))
-    for i, (method, by_seed) in enumerate(runs.items()):
-        for j, r in enumerate(by_seed.values()):
+    cols = min(3, len(runs))
+    rows = -(-len(runs) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(4.0 * cols, 3.2 * rows), sharex=True, sharey=True, squeeze=False)
+    kl_match = by_unit.get("cap", {}).get("metrics", {}).get("kl_match", [])
+    for ax, (method, by_seed) in zip(axes.flat, runs.items()):
+        for other, other_runs in runs.items():
+            if other != method:
+                for r in other_runs.values():
+                    ax.plot(r["curves"]["kl"], r["curves"]["reward_median"], color="0.85", lw=0.8, zorder=1)
+        for j, (seed, r) in enumerate(sorted(by_seed.items())):
             c = r["curves"]
-            ax.plot(c["kl"], c["reward_median"], color=f"C{i}", lw=1.0, alpha=0.7, marker=".", ms=3,
-                    ls="--" if method == "best_of_n" else "-", label=method if j == 0 else None)
-    ax.set_xscale("symlog", linthresh=0.1)
-    ax.set_xlabel("KL(fine-tuned || pretrained) along its own trajectories, nats (best-of-N: the bound)")
-    ax.set_ylabel("median training reward (128 samples)")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
+            ax.plot(c["kl"], c["reward_median"], color=f"C{j}", lw=1.1, marker=".", ms=3, zorder=2,
+                    ls="--" if method == "best_of_n" else "-", label=f"seed {seed}")
+        for kl in kl_match:
+            ax.axvline(kl, color="0.5", ls=":", lw=0.8)
+        ax.set_title(method + (" (KL: bound)" if method == "best_of_n" else ""), fontsize=9)
+        ax.set_xscale("symlog", linthresh=0.1)
+        ax.grid(alpha=0.3)
+    for ax in axes.flat[len(runs):]:
+        ax.set_visible(False)
+    axes.flat[0].legend(fontsize=6)
+    fig.supxlabel("KL(fine-tuned || pretrained) along its own trajectories, nats (dotted: the matched KL values)",
+                  fontsize=9)
+    fig.supylabel("median training reward (128 samples)", fontsize=9)
     return save_figure(fig, out_dir / "reward_kl.png", dpi=100).name
 
 
@@ -334,5 +350,6 @@ def report(records: list[dict], out_dir: Path) -> str:
     lines += _appendix(by_unit) + _budget(records, units)
     plot = _plot(by_unit, Path(out_dir))
     if plot:
-        lines += [f"Plot: `{plot}` (median reward against trajectory KL, one line per reported run).", ""]
+        lines += [f"Plot: `benchmarks/studies/{study}/{plot}` (median reward against trajectory KL, a panel per "
+                  "method, a line per seed; the other methods' runs faint behind).", ""]
     return "\n".join(lines).rstrip() + "\n"
