@@ -241,7 +241,8 @@ def _synthetic_run(method: str, seed: int, *, traj_total: float, queries_per_tra
               "diversity": list(0.73 - 0.005 * kl + e)}
     metrics = {k: v[-1] for k, v in curves.items()}
     metrics.update(stopped="cap", iteration=int(traj_total / 8), cpu_per_iteration=300 / (traj_total / 8),
-                   largest_drop=drop + abs(e), nll=120.0, kmer3_corr=0.7, eval_reward_median=metrics["reward_median"])
+                   largest_drop=drop + abs(e), nll=120.0, kmer3_corr=0.7, eval_reward_median=metrics["reward_median"],
+                   uniqueness=1.0)
     return {"unit": f"{method}-s{seed}", "role": "report", "method": method, "seed": seed, "cpu_s": 400.0,
             "metrics": metrics, "curves": curves}
 
@@ -264,6 +265,8 @@ def _synthetic_complete_records() -> list[dict]:
              "ddpo_official": dict(traj_total=8000, queries_per_traj=1, kl_total=30, offset=0.0, drop=0.02),
              "rw_mle": dict(traj_total=8000, queries_per_traj=1, kl_total=20, offset=0.0, drop=0.02)}
     recs += [_synthetic_run(m, s, **kw) for m, kw in shape.items() for s in REPORTED_SEEDS]
+    recs += [{**_synthetic_run("vidd_alg1", s, **shape["vidd_official"]), "unit": f"vidd_alg1-s{s}"}
+             for s in plan.APPENDIX_SEEDS]
     for s in REPORTED_SEEDS:
         ns = [2**i for i in range(8)]
         curves = {"N": ns, "trajectories": [128 * n for n in ns], "queries": [128 * n for n in ns],
@@ -297,6 +300,8 @@ def test_the_complete_report_reads_every_prediction_and_answers_each_claim(tmp_p
     assert "P4 (equivalent at kappa) met" in met and "P5 met" in met
     assert "Reward median at the plateau or the cap, vidd_official - other, seed-paired: standard_ft_official +0.030" \
         in section
+    alg1 = next(l for l in section.splitlines() if l.startswith("| vidd_alg1-s10 |"))
+    assert "| 0.024 -> 0.171 |" in alg1 and alg1.endswith("| 1.000 |")  # start -> end reward; share unique
     assert (tmp_path / "reward_kl.png").exists()
 
 

@@ -45,9 +45,9 @@ def section(stages, out: Path) -> tuple[list[str], list[dict], list[str]]:
         lines += ["Stopped short of the query budget (iteration cap or time limit): " +
                   ", ".join(f"{k} ({q} queries)" for k, q in short.items()) + ".", ""]
     methods = s["methods"]
-    # a tiny one-seed run checks the mechanics; the claim is tested by the studies (issue 37)
-    study = ("study: `python -m benchmarks.study vidd_budget report` (RESULTS.md 'VIDD given room', primary "
-             "vidd_official, seeds 10-14)")
+    # a tiny one-seed run checks the mechanics; the claims are tested by the study (issue 46)
+    study = ("study: `python -m benchmarks.study vidd_plateau report` (RESULTS.md 'VIDD vs DDPO to the plateau', "
+             "primary vidd_official, seeds 10-14)")
     if "vidd" in methods:
         v = methods["vidd"]["median_reward"]
         others = {k: m["median_reward"] for k, m in methods.items() if k != "vidd"}
