@@ -257,7 +257,8 @@ def _synthetic_complete_records() -> list[dict]:
             {"unit": "tuning", "role": "tuning", "method": "-", "cpu_s": 1.0,
              "metrics": {"extend_sides": [], "choices": {m: {"lr": 1e-3, "knob": plan.KNOB_GRIDS[m][2], "edges": [],
                                                              "reached_kappa": True} for m in plan.TUNED}},
-             "scores": {m: {"lr0.001-kx": {"reaches": True, "score": 0.1, "final": 0.12}} for m in plan.TUNED}}]
+             "scores": {m: {f"lr0.001-k{plan.KNOB_GRIDS[m][2]:g}": {"reaches": True, "score": 0.1, "final": 0.12}}
+                        for m in plan.TUNED}}]
     # the primary: half DDPO's trajectories per CPU-s, 2 queries each, less KL, smaller drops; the control 0.03 lower
     shape = {"vidd_official": dict(traj_total=4000, queries_per_traj=2, kl_total=60, offset=0.0, drop=0.01),
              "standard_ft_official": dict(traj_total=4000, queries_per_traj=2, kl_total=60, offset=-0.03, drop=0.01),
@@ -409,3 +410,15 @@ def test_the_posthoc_readings_sit_beside_the_declared_ones_once_their_runs_are_w
     assert "lr0.003-k0.0008 0.130" in tail and "POST-HOC claims table" in tail
     row = next(line for line in tail.splitlines() if line.startswith("| superior reward optimisation |"))
     assert "**reversed**" in row and "P5" not in tail.split("POST-HOC readings", 1)[1]
+
+
+def test_the_tuning_table_names_the_best_interior_cell_and_the_edge_choices_lead():
+    from benchmarks.studies.vidd_plateau.report import _best_interior
+    score = lambda s, reaches=True: {"reaches": reaches, "score": s, "final": s}  # noqa: E731
+    scores = {f"lr{lr:g}-k{k:g}": score(0.1) for lr in (1e-4, 1e-3, 1e-2) for k in (1e-5, 0.004, 0.5)}
+    scores["lr0.01-k1e-05"] = score(0.13)  # the choice, on two edges
+    scores["lr0.001-k0.004"] = score(0.12)  # the only interior cell
+    assert _best_interior({"lr": 1e-2, "knob": 1e-5, "scores": scores}) == "lr 0.001, 0.004: 0.120 (+0.0100)"
+    assert _best_interior({"lr": 1e-3, "knob": 0.004, "scores": scores}) == "the choice"
+    scores["lr0.001-k0.004"] = score(0.12, reaches=False)  # an interior cell that never reached kappa does not count
+    assert _best_interior({"lr": 1e-2, "knob": 1e-5, "scores": scores}) == "-"

@@ -92,7 +92,7 @@ def _tuning_section(by_unit: dict) -> list[str]:
     lines += [f"Edges found on the base grids: {', '.join(f'{a} {s}' for a, s in sides) or 'none'}; "
               + ("every grid was extended one step on those sides, once." if sides else "no extension."), "",
               "| method | knob | chosen lr | chosen knob | reached kappa | on an edge of the grid it chose from | "
-              "cells (score) |", "|---|---|---|---|---|---|---|"]
+              "best interior cell (choice's score - its) | cells (score) |", "|---|---|---|---|---|---|---|---|"]
     for method in plan.TUNED:
         rec = next((r for s, r in runs_of(by_unit, method).items()), None)
         choice = rec["tuning"] if rec and "tuning" in rec else {**gate["metrics"]["choices"][method],
@@ -102,8 +102,26 @@ def _tuning_section(by_unit: dict) -> list[str]:
         edge = ", ".join(f"{a} {s}" for a, s in choice["edges"]) or "no"
         source = "extended" if choice.get("extended") else "base (extension pending)" if sides else "base"
         lines.append(f"| {method} | {plan.METHODS[method][3]} | {choice['lr']:g} | {choice['knob']:g} | "
-                     f"{'yes' if choice['reached_kappa'] else 'no'} | {edge} ({source}) | {cells} |")
-    return lines + ["", f"Algorithm 1 and the no-refresh control use {plan.PRIMARY}'s choice.", ""]
+                     f"{'yes' if choice['reached_kappa'] else 'no'} | {edge} ({source}) | "
+                     f"{_best_interior(choice)} | {cells} |")
+    return lines + ["", f"Algorithm 1 and the no-refresh control use {plan.PRIMARY}'s choice. The interior column is "
+                    "descriptive (added 2026-12-07 after the tables were whole; no rule reads it): where a choice sits "
+                    "on an edge, how far it is ahead of the best cell with a neighbour on every side.", ""]
+
+
+def _best_interior(choice: dict) -> str:
+    """The best cell that reached kappa and sits on no edge of the grid the choice came from, and the choice's lead."""
+    cells = {tuple(float(x) for x in k[2:].split("-k", 1)): v for k, v in choice["scores"].items()}
+    lrs, knobs = sorted({c[0] for c in cells}), sorted({c[1] for c in cells})
+    inner = {c: v for c, v in cells.items() if v["reaches"] and c[0] not in (lrs[0], lrs[-1])
+             and c[1] not in (knobs[0], knobs[-1])}
+    if not inner:
+        return "-"
+    (lr, knob), best = max(inner.items(), key=lambda kv: kv[1]["score"])
+    if (lr, knob) == (choice["lr"], choice["knob"]):
+        return "the choice"
+    chosen = cells[(choice["lr"], choice["knob"])]["score"]
+    return f"lr {lr:g}, {knob:g}: {best['score']:.3f} ({chosen - best['score']:+.4f})"
 
 
 def _final_table(by_unit: dict) -> list[str]:
