@@ -405,7 +405,11 @@ def test_the_posthoc_readings_sit_beside_the_declared_ones_once_their_runs_are_w
              for s in REPORTED_SEEDS]
     section = report(recs, tmp_path)
     head, tail = section.split("### POST-HOC", 1)
-    assert declared.split("### POST-HOC", 1)[0] == head, "the declared part reads the same with the post-hoc runs in"
+    first_line = head.splitlines()[2]  # the post-hoc label, which now says the step's outcome
+    assert first_line.startswith("**Post-hoc analysis included**") and first_line.endswith(
+        "Outcome: ddpo moved and ran again on seeds 10-14.")
+    assert declared.split("### POST-HOC", 1)[0].replace(declared.splitlines()[2], first_line) == head, \
+        "the declared part reads the same with the post-hoc runs in"
     assert "- ddpo: declared lr 0.001, knob 0.004 -> post-hoc lr 0.003, knob 0.0008 (moved" in tail
     assert "lr0.003-k0.0008 0.130" in tail and "POST-HOC claims table" in tail
     row = next(line for line in tail.splitlines() if line.startswith("| superior reward optimisation |"))

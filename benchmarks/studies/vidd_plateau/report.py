@@ -222,6 +222,16 @@ POSTHOC_LINE = ("**Post-hoc analysis included** (labelled POST-HOC below): after
                 "above it uses the declared choices; the post-hoc readings are reported beside them.")
 
 
+def _posthoc_line(by_unit: dict) -> str:
+    """POSTHOC_LINE, with the step's outcome once its choice gate has run."""
+    gate = by_unit.get("posthoc_choice")
+    if gate is None:
+        return POSTHOC_LINE
+    moved = [m for m, c in gate["metrics"]["choices"].items() if c["moved"]]
+    return POSTHOC_LINE + (f" Outcome: {', '.join(moved)} moved and ran again on seeds 10-14." if moved else
+                           " Outcome: no choice moved, so the declared readings are the post-hoc ones too.")
+
+
 def _posthoc_section(by_unit: dict, complete: bool) -> list[str]:
     lines = ["### POST-HOC: one more tuning step past an edge of the extended grid (plan.POSTHOC_STEP)", "",
              f"Added 2026-12-07, after the extended tuning and before any reported unit ran. For {', '.join(plan.POSTHOC_METHODS)}: "
@@ -338,8 +348,10 @@ def _budget(records: list[dict], units: list) -> list[str]:
             f"{spent:.2f} core-h measured over {len(records)} units; {len(pending)} units left, ~{left:.2f} core-h at "
             f"the costs measured so far: ~{total:.2f} of the issue's {BUDGET_CORE_H:.0f} core-hours{over}. The "
             f"declared one-time grid extension is {len(extension)} of the tuning units (~{ext_h:.2f} core-h), which "
-            "the plan's budget arithmetic did not price; it runs as declared. The POST-HOC step's units known so far: "
-            f"{len(posthoc)} (~{post_h:.2f} core-h; its cells and runs appear as its gates record).", ""]
+            "the plan's budget arithmetic did not price; it runs as declared. " + (
+                f"The POST-HOC step: {len(posthoc)} units (~{post_h:.2f} core-h)." if "posthoc_choice" in cpu else
+                f"The POST-HOC step's units known so far: {len(posthoc)} (~{post_h:.2f} core-h; its cells and runs "
+                "appear as its gates record)."), ""]
 
 
 def report(records: list[dict], out_dir: Path) -> str:
@@ -350,7 +362,7 @@ def report(records: list[dict], out_dir: Path) -> str:
     cap = by_unit.get("cap", {}).get("metrics")
     study = plan.STUDY_NAME
     lines = [f"## VIDD vs DDPO to the plateau, on the reward-KL frontier, DNA; one analysis post-hoc, labelled "
-             f"(`python -m benchmarks.study {study} report`)", "", POSTHOC_LINE, "",
+             f"(`python -m benchmarks.study {study} report`)", "", _posthoc_line(by_unit), "",
              f"Run by `nice -n 19 python -m benchmarks.study {study} run`. Issue 46; its section replaces "
              "`vidd_budget`'s and `vidd_budget_molecule`'s here (their records and reports are kept).", ""]
     lines += status
