@@ -1,7 +1,11 @@
 """benchmarks/RESULTS.md: one ``## `` section per benchmark, rewritten by its script and leaving the others alone."""
 from __future__ import annotations
 
+import os
+import re
 from pathlib import Path
+
+_LINK = re.compile(r"(\]\()([^)\s#][^)\s]*)(\))")
 
 
 def replace_section(path: Path, heading: str, section: str, header: str = "# Benchmarks\n") -> None:
@@ -38,3 +42,15 @@ def _heading_starts(text: str) -> list[int]:
         starts.append(i + 1)
         i = text.find("\n## ", i + 1)
     return starts
+
+
+def rebase_links(section: str, written_in: Path, placed_in: Path) -> str:
+    """``section``'s relative Markdown links and images, written for a file in ``written_in`` (a study's REPORT.md),
+    made to point at the same files from ``placed_in`` (RESULTS.md's folder); URLs and absolute paths stay."""
+    def rebase(m: re.Match) -> str:
+        target = m.group(2)
+        if "://" in target or target.startswith("/"):
+            return m.group(0)
+        moved = os.path.relpath(os.path.normpath(Path(written_in).resolve() / target), Path(placed_in).resolve())
+        return m.group(1) + Path(moved).as_posix() + m.group(3)
+    return _LINK.sub(rebase, section)

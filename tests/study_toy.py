@@ -56,7 +56,7 @@ def report(records: list[dict], out_dir: Path) -> str:
     fig.savefig(out_dir / "toy.png")
     plt.close(fig)
     table = "\n".join(f"| {r['seed']} | {r['metrics']['score']:.1f} |" for r in rows)
-    return f"## Toy study (`python -m benchmarks.study toy report`)\n\n| seed | score |\n|---|---|\n{table}\n\n{json.dumps(len(rows))} seeds\n"
+    return f"## Toy study (`python -m benchmarks.study toy report`)\n\n| seed | score |\n|---|---|\n{table}\n\n{json.dumps(len(rows))} seeds\n\n![the curves](toy.png)\n"
 
 
 STUDY = Study(name="toy", title="a toy study", units=units,

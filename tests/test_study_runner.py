@@ -146,6 +146,10 @@ def test_report_from_the_committed_json_alone(tmp_path):
     report(TOY, Paths(fresh), results_md=results_md)
     text = results_md.read_text()
     assert "## Other\n\nkept" in text and "| 14 | 28.5 |" in text
+    # the plot's link is the study folder's in REPORT.md and points at the same file from RESULTS.md's folder
+    assert "![the curves](toy.png)" in (fresh / "toy" / "REPORT.md").read_text()
+    link = text.split("![the curves](", 1)[1].split(")", 1)[0]
+    assert (results_md.parent / link).resolve() == (fresh / "toy" / "toy.png").resolve()
 
 
 def test_a_whole_successor_replaces_the_superseded_section(tmp_path, monkeypatch):
@@ -247,3 +251,13 @@ def test_a_background_lane_yields_the_cpu_and_its_units_inherit_it():
     before, applied, after, child = proc.stdout.split()
     assert int(before) != os.SCHED_IDLE and applied == "True"
     assert int(after) == int(child) == os.SCHED_IDLE
+
+
+def test_rebase_links_moves_relative_links_and_leaves_urls_and_anchors():
+    from benchmarks.results_md import rebase_links
+    root = Path("/repo/benchmarks")
+    section = ("![plot](a.png) [older](../lift/REPORT.md) [web](https://example.org/x.png) [here](#top) "
+               "[abs](/etc/x.md)")
+    out = rebase_links(section, root / "studies" / "s", root)
+    assert out == ("![plot](studies/s/a.png) [older](studies/lift/REPORT.md) [web](https://example.org/x.png) "
+                   "[here](#top) [abs](/etc/x.md)")

@@ -7,7 +7,7 @@ import json
 import logging
 from pathlib import Path
 
-from benchmarks.results_md import remove_section, replace_section
+from benchmarks.results_md import rebase_links, remove_section, replace_section
 from benchmarks.study.core import Study, StudyError, expected_core_s, measured_costs
 from benchmarks.study.records import RESULTS, ROOT, atomic_write_bytes, load_records
 from benchmarks.study.runner import Paths, load_study, runnable, start_sha, study_refs
@@ -150,6 +150,7 @@ def report(which: str, paths: Paths, results_md: Path | None = None) -> list[Pat
             log.info("%s: %d reported unit(s) pending; RESULTS.md keeps its section until the table is whole",
                      study.name, len(missing))
         else:
+            section = rebase_links(section, folder, target.parent)  # its links and plots, from RESULTS.md
             heading = section.splitlines()[0]
             new = target.exists() and heading not in target.read_text()
             for old in study.supersedes:  # a new section takes the place of the first it supersedes

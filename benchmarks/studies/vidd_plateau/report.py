@@ -383,6 +383,7 @@ def report(records: list[dict], out_dir: Path) -> str:
     lines += _appendix(by_unit) + _budget(records, units)
     plot = _plot(by_unit, Path(out_dir))
     if plot:
-        lines += [f"Plot: `benchmarks/studies/{study}/{plot}` (median reward against trajectory KL, a panel per "
-                  "method, a line per seed; the other methods' runs faint behind).", ""]
+        lines += [f"![median reward against trajectory KL, a panel per method]({plot})", "",
+                  "Median reward against trajectory KL: a panel per method, a line per seed, the other methods' runs "
+                  "faint behind; dotted, the matched KL values.", ""]
     return "\n".join(lines).rstrip() + "\n"
