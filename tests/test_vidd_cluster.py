@@ -78,6 +78,25 @@ def test_sampler_counts_oracle_errors_and_empty_molecules_without_crashing():
 
 
 
+def test_closeness_of_recorded_trajectories_is_zero_against_itself_and_positive_against_another_model():
+    """The evaluation's KL: the sampler's recorded states [T + 1, n, L] give KL 0 for the model that drew them
+    against itself, a positive KL against a differently initialised model, and the model's train mode is restored."""
+    from experiments.vidd.sampler_requests import closeness
+    cfg = _sampler_config(_vocab(), {"kind": "qed"})
+    sampler = DiffusionSampler(cfg)
+    sampler.load_weights(_weights(cfg), 1)
+    res = sampler.sample({"kind": "sample", "n": 8, "seed": 1, "model": "pretrained", "record_trajectory": True,
+                          "score": False})
+    assert res["states"].shape == (cfg["T"] + 1, 8, 12)
+    model = MaskedDenoiser(DenoiserConfig(**cfg["denoiser"]))
+    model.load_state_dict(_weights(cfg)["pretrained"])
+    torch.manual_seed(1)
+    other = MaskedDenoiser(DenoiserConfig(**cfg["denoiser"])).train()
+    assert closeness(model, model, res["states"]) == {"kl": 0.0, "kl_se": 0.0}
+    far = closeness(other, model, res["states"])
+    assert far["kl"] > 0 and far["kl_se"] > 0 and other.training
+
+
 def test_sampler_final_sample_requests_stay_within_their_allowance():
     vocab = _vocab()
     cfg = _sampler_config(vocab, {"kind": "qed"})
@@ -145,15 +164,21 @@ def test_vidd_molecule_end_to_end_through_pool_and_train(tmp_path, pool_name):
                         weights="raising")
     assert set(summary) == {"task", "query_budget", "pretrained", "methods", "plots"}
     assert summary["task"] == "molecule" and summary["query_budget"] == budget
-    assert set(summary["pretrained"]) == {"median_reward", "top10_reward", "nll", "diversity", "validity"}
+    assert set(summary["pretrained"]) == {"median_reward", "top10_reward", "nll", "kl", "diversity", "validity"}
+    assert summary["pretrained"]["kl"] == 0.0  # the pretrained model against itself
     assert set(summary["methods"]) == {"vidd", "best_of_n", "ddpp"}
-    keys = {"median_reward", "top10_reward", "mean_reward", "nll", "diversity", "validity", "uniqueness", "queries",
-            "wall_s"}
+    keys = {"median_reward", "top10_reward", "mean_reward", "nll", "kl", "diversity", "validity", "uniqueness",
+            "queries", "wall_s"}
     for m, s in summary["methods"].items():
         assert set(s) == keys, m
         assert 0 < s["queries"] <= budget, (m, s)
         assert 0.0 <= s["median_reward"] <= 1.0 and s["nll"] > 0
     assert summary["methods"]["vidd"]["queries"] >= budget - 1  # VIDD spends its budget (pairs of 2)
+    # closeness: the trained models moved off p_pre along their own trajectories; best-of-N sits at its bound
+    from algos.vidd.closeness import best_of_n_kl_bound
+    assert summary["methods"]["vidd"]["kl"] > 0 and summary["methods"]["ddpp"]["kl"] > 0
+    assert summary["methods"]["best_of_n"]["kl"] == best_of_n_kl_bound(budget // 16)
+    assert any(p.endswith("vidd_reward_vs_kl.png") for p in summary["plots"])
     for plot in summary["plots"]:
         assert plot.endswith((".png",)) and __import__("os").path.getsize(plot) > 5_000
 

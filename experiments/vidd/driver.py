@@ -24,10 +24,13 @@ Stages (Algorithm 1 of Su, Li, Uehara et al., ICLR 2026: algos/vidd/vidd.py):
      "diffusion" sampler (sampler.py) with weights published by version; learners (learner.py) run under Ray Train.
   2. evaluation every ``eval_every`` iterations and at the end: ``eval_samples`` fresh samples of the student (their
      oracle calls are evaluation, not training, and are reported apart as ``eval_queries``): reward mean / median /
-     top-10 %, NELBO under the pretrained model (nats per sequence), diversity, validity, uniqueness. Metrics go to
-     run_dir/metrics (column ``method_id`` = index in algos.vidd.config.METHODS, -1 = pretrained) and the samples to
-     run_dir/data/samples (Parquet, with the method name as a string column).
-Plots (plots.py): plots/vidd_reward_vs_queries.png (median reward vs oracle queries), plots/vidd_quality.png.
+     top-10 %, the KL to the pretrained model along the student's own denoising trajectories (``kl``, nats; the
+     closeness measure: algos/vidd/closeness.py; best-of-N: its bound log N - (N - 1)/N), NELBO under the pretrained
+     model (nats per sequence: how typical, which a sharpened model raises without moving far), diversity, validity,
+     uniqueness. Metrics go to run_dir/metrics (column ``method_id`` = index in algos.vidd.config.METHODS, -1 =
+     pretrained) and the samples to run_dir/data/samples (Parquet, with the method name as a string column).
+Plots (plots.py): plots/vidd_reward_vs_queries.png (median reward vs oracle queries), plots/vidd_reward_vs_kl.png
+(the reward-closeness frontier), plots/vidd_quality.png.
 ``Config`` and ``check`` (config.py) are what experiments/registry.py expects of an experiment's module, with ``run``.
 """
 from __future__ import annotations
@@ -107,7 +110,7 @@ def run(cfg: dict, ctx) -> dict[str, Any]:
 
     df = read_metrics(run_path)
     pretrained = {"median_reward": pre_metrics["reward_median"], "top10_reward": pre_metrics["reward_top10"],
-                  "nll": pre_metrics["nll"], "diversity": _num(pre_metrics["diversity"]),
+                  "nll": pre_metrics["nll"], "kl": 0.0, "diversity": _num(pre_metrics["diversity"]),
                   "validity": pre_metrics["validity"],
                   **{k: _num(pre_metrics[k]) for k in PROTOCOL_KEYS if k in pre_metrics}}
     title = {"molecule": f"molecules ({exp.reward})", "dna": "DNA (liver-TF motif proxy)",
@@ -121,7 +124,9 @@ def run(cfg: dict, ctx) -> dict[str, Any]:
           f"{pretrained['median_reward']:.3f}, NLL {pretrained['nll']:.1f}", flush=True)
     for m, s in summary["methods"].items():
         if s:
-            print(f"  {m:12s} median {s['median_reward']:.3f} top10 {s['top10_reward']:.3f} NLL {s['nll']:.1f} "
+            kl = "-" if s["kl"] is None else f"{s['kl']:.1f}"
+            print(f"  {m:12s} median {s['median_reward']:.3f} top10 {s['top10_reward']:.3f} KL {kl} "
+                  f"NLL {s['nll']:.1f} "
                   f"diversity {s['diversity']} validity {s['validity']:.2f} queries {s['queries']} "
                   f"wall {s['wall_s']:.0f} s", flush=True)
     return summary
@@ -136,6 +141,7 @@ def run_best_of_n(pool, exp: Config, scfg: dict, key: str, pre_model, seed: int,
     """
     import torch
 
+    from algos.vidd.closeness import best_of_n_kl_bound
     from algos.vidd.mdlm import nelbo
     M = exp.best_of_n_outputs
     N = exp.query_budget // M
@@ -157,7 +163,8 @@ def run_best_of_n(pool, exp: Config, scfg: dict, key: str, pre_model, seed: int,
         row = {"method_id": float(METHODS.index("best_of_n")), "iteration": i + 1, "best_of": n,
                # the full draw's distinct-query count, pro rata for the nested subsets
                "queries": int(round(queries * n / N)), **reward_stats(rewards[np.arange(M), best]),
-               "nll": float(nll.mean()), **set_metrics(exp.task, chosen_seq), "eval_queries": 0.0,
+               "nll": float(nll.mean()), "kl": best_of_n_kl_bound(n), "kl_se": 0.0,  # no trajectory: the bound
+               **set_metrics(exp.task, chosen_seq), "eval_queries": 0.0,
                "wall_s": sample_s * n / N + (time.perf_counter() - start - sample_s)}
         rows.append(row)
         if n == N:
@@ -179,6 +186,7 @@ def summarise(df, methods: list[str]) -> dict[str, dict | None]:
         last = ev.iloc[-1]
         out[m] = {"median_reward": float(last["reward_median"]), "top10_reward": float(last["reward_top10"]),
                   "mean_reward": float(last["reward_mean"]), "nll": float(last["nll"]),
+                  "kl": _num(last["kl"]) if "kl" in last.index else None,
                   "diversity": _num(last["diversity"]), "validity": float(last["validity"]),
                   "uniqueness": float(last["uniqueness"]), "queries": int(rows["queries"].max()),
                   "wall_s": float(rows["wall_s"].max()),

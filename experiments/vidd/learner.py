@@ -275,7 +275,8 @@ def evaluate(learner: Learner, it: int, row: dict) -> None:
         learner.task_metrics = task_metrics(exp, learner.seed)
     metrics, columns = evaluate_through_pool(learner.pool, learner.sampler_config, learner.weights_key, "student",
                                              exp.eval_samples, learner.seed + 17, learner.n_requests, exp.task,
-                                             learner.pre, exp.nll_time_samples, learner.task_metrics)
+                                             learner.pre, exp.nll_time_samples, learner.task_metrics,
+                                             model=learner.student)
     learner.counters["eval_queries"] += int(metrics["eval_queries"])
     row.update(metrics)
     write_samples(learner.samples, columns, learner.method, it, learner.counters["queries"], learner.seed)

@@ -1,4 +1,5 @@
-"""The VIDD experiment's two figures: median reward against oracle queries, and sample quality (NLL, diversity)."""
+"""The VIDD experiment's figures: median reward against oracle queries, against the trajectory KL to the pretrained
+model (the reward-closeness frontier), and sample quality (NLL, diversity)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -31,6 +32,7 @@ def plot_results(df, methods: list[str], pretrained: dict, summary: dict[str, di
     fig.savefig(reward_plot, dpi=110)
     plt.close(fig)
 
+    kl_plot = _reward_vs_kl(df, methods, pretrained, plots, title)
     names = ["pretrained", *[m for m in methods if summary.get(m)]]
     values = [pretrained, *[summary[m] for m in names[1:]]]
     fig, axes = plt.subplots(1, 2, figsize=(9, 3.6))
@@ -46,4 +48,29 @@ def plot_results(df, methods: list[str], pretrained: dict, summary: dict[str, di
     quality_plot = plots / "vidd_quality.png"
     fig.savefig(quality_plot, dpi=110)
     plt.close(fig)
-    return [str(reward_plot), str(quality_plot)]
+    return [str(reward_plot), *([str(kl_plot)] if kl_plot else []), str(quality_plot)]
+
+
+def _reward_vs_kl(df, methods: list[str], pretrained: dict, plots: Path, title: str) -> Path | None:
+    """Each method's evaluations on the reward-closeness plane (best-of-N at its KL bound); None without a KL column
+    (a run from before the KL was measured)."""
+    import matplotlib.pyplot as plt
+    if "kl" not in df.columns:
+        return None
+    fig, ax = plt.subplots(figsize=(6.4, 4.0))
+    for i, m in enumerate(methods):
+        ev = df[df["method_id"] == METHODS.index(m)].dropna(subset=["reward_median", "kl"]).sort_values("queries")
+        ax.plot(ev["kl"], ev["reward_median"], marker="o", ms=3, label=m, color=f"C{i}",
+                ls="--" if m == "best_of_n" else "-")
+    ax.scatter([0.0], [pretrained["median_reward"]], color="gray", zorder=3, label="pretrained")
+    ax.set_xscale("symlog", linthresh=1.0)
+    ax.set_xlabel("KL(model || pretrained) along its own denoising trajectories, nats (best-of-N: the bound)")
+    ax.set_ylabel("median reward of samples")
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    path = plots / "vidd_reward_vs_kl.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

@@ -37,26 +37,50 @@ def sum_info(results: list[dict]) -> dict[str, float]:
 
 
 def evaluate_through_pool(pool, scfg: dict, weights_key: str, role: str, n: int, seed: int, n_requests: int,
-                          task: str, pretrained_model, nll_time_samples: int, extra=None) -> tuple[dict, dict]:
+                          task: str, pretrained_model, nll_time_samples: int, extra=None,
+                          model=None) -> tuple[dict, dict]:
     """``n`` fresh samples of ``role`` scored in the pool; returns (metrics, sample columns). ``extra(sequences)``
-    adds task metrics (DNA: the held-out oracle and the 3-mer correlation)."""
+    adds task metrics (DNA: the held-out oracle and the 3-mer correlation). ``model``: the local copy of ``role``'s
+    weights; given, the samples' denoising trajectories come back and ``kl`` is KL(model || pretrained) along them
+    (``algos/vidd/closeness.py``); without it ``role`` is the pretrained model itself, at KL 0."""
     import torch
 
     from algos.vidd.mdlm import nelbo
-    reqs = [{"kind": "sample", "n": k, "seed": seed * 7919 + i, "model": role, "score": True}
-            for i, k in enumerate(split_requests(n, n_requests))]
+    reqs = [{"kind": "sample", "n": k, "seed": seed * 7919 + i, "model": role, "score": True,
+             "record_trajectory": model is not None} for i, k in enumerate(split_requests(n, n_requests))]
     results = pool.map(SAMPLER, reqs, config=scfg, weights=weights_key)
     tokens = np.concatenate([r["tokens"] for r in results]).astype(np.int64)
     rewards = np.concatenate([r["rewards"] for r in results])
     sequences = [s for r in results for s in r["sequences"]]
     nll = nelbo(pretrained_model, torch.as_tensor(tokens), n_time_samples=nll_time_samples,
                 generator=torch.Generator().manual_seed(seed))
-    metrics = {**reward_stats(rewards), "nll": float(nll.mean()), **set_metrics(task, sequences),
+    kl = {"kl": 0.0, "kl_se": 0.0}
+    if model is not None:
+        kl = closeness(model, pretrained_model, np.concatenate([r["states"] for r in results], axis=1))
+    metrics = {**reward_stats(rewards), "nll": float(nll.mean()), **kl, **set_metrics(task, sequences),
                "eval_queries": float(queries_of(results)),
                **{f"eval_{k}": float(v) for k, v in sum_info(results).items()},
                **(extra(sequences) if extra is not None else {})}
     columns = {"sequence": sequences, "reward": rewards, "nll": nll.numpy(), "tokens": tokens}
     return metrics, columns
+
+
+def closeness(model, pretrained_model, states: np.ndarray) -> dict[str, float]:
+    """The trajectory KL's mean over the samples and its standard error (nats), ``states`` ``[T + 1, n, L]`` drawn
+    from ``model``; the sampler's log-linear schedule is the estimator's default."""
+    import torch
+
+    from algos.vidd.closeness import trajectory_kl
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            per_sample = trajectory_kl(model, pretrained_model, torch.as_tensor(states.astype(np.int64)))["unmasked"]
+    finally:
+        model.train(was_training)
+    n = per_sample.numel()
+    se = float(per_sample.std() / n ** 0.5) if n > 1 else float("nan")
+    return {"kl": float(per_sample.mean()), "kl_se": se}
 
 
 def vidd_transitions(pool, scfg: dict, weights_key: str, cfg, n: int, budget: int, seed: int, n_requests: int,
