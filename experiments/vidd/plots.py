@@ -64,7 +64,7 @@ def _reward_vs_kl(df, methods: list[str], pretrained: dict, plots: Path, title: 
                 ls="--" if m == "best_of_n" else "-")
     ax.scatter([0.0], [pretrained["median_reward"]], color="gray", zorder=3, label="pretrained")
     ax.set_xscale("symlog", linthresh=1.0)
-    ax.set_xlabel("KL(model || pretrained) along its own denoising trajectories, nats (best-of-N: the bound)")
+    ax.set_xlabel("KL(model || pretrained) along its own trajectories, nats (best-of-N: bound)")
     ax.set_ylabel("median reward of samples")
     ax.set_title(title)
     ax.grid(alpha=0.3)
