@@ -68,6 +68,17 @@ def trajectory_kl(model: nn.Module, reference: nn.Module, states: Tensor, schedu
     return out
 
 
+@torch.no_grad()
+def trajectory_kl_summary(model: nn.Module, reference: nn.Module, states: Tensor,
+                          schedule: LogLinearSchedule | None = None) -> dict[str, float]:
+    """Over the trajectories ``states`` (see :func:`trajectory_kl`): the mean of the ``"unmasked"`` estimates
+    (``kl``), its standard error (``kl_se``) and the mean of the ``"rao_blackwell"`` ones (``kl_rb``), nats."""
+    kl = trajectory_kl(model, reference, states, schedule)
+    per_sample = kl["unmasked"]
+    return {"kl": float(per_sample.mean()), "kl_se": float(per_sample.std() / math.sqrt(per_sample.numel())),
+            "kl_rb": float(kl["rao_blackwell"].mean())}
+
+
 def best_of_n_kl_bound(n: int) -> float:
     """``log N - (N - 1) / N``: the KL of best-of-N from its base model (Beirami et al. 2024's bound, exact for a
     continuous reward without ties); 0 at N = 1."""

@@ -23,14 +23,7 @@ def plot_results(df, methods: list[str], pretrained: dict, summary: dict[str, di
         ax.plot(ev["queries"], ev["reward_median"], marker="o", ms=3, label=m, color=f"C{i}")
     ax.axhline(pretrained["median_reward"], color="gray", ls="--", label="pretrained")
     ax.set_xlabel("oracle queries")
-    ax.set_ylabel("median reward of samples")
-    ax.set_title(title)
-    ax.grid(alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    reward_plot = plots / "vidd_reward_vs_queries.png"
-    fig.savefig(reward_plot, dpi=110)
-    plt.close(fig)
+    reward_plot = _save_reward_figure(fig, ax, title, plots / "vidd_reward_vs_queries.png")
 
     kl_plot = _reward_vs_kl(df, methods, pretrained, plots, title)
     names = ["pretrained", *[m for m in methods if summary.get(m)]]
@@ -65,12 +58,17 @@ def _reward_vs_kl(df, methods: list[str], pretrained: dict, plots: Path, title: 
     ax.scatter([0.0], [pretrained["median_reward"]], color="gray", zorder=3, label="pretrained")
     ax.set_xscale("symlog", linthresh=1.0)
     ax.set_xlabel("KL(model || pretrained) along its own trajectories, nats (best-of-N: bound)")
+    return _save_reward_figure(fig, ax, title, plots / "vidd_reward_vs_kl.png")
+
+
+def _save_reward_figure(fig, ax, title: str, path: Path) -> Path:
+    """The reward axis, title, grid and legend both reward figures share; written to ``path`` and closed."""
+    import matplotlib.pyplot as plt
     ax.set_ylabel("median reward of samples")
     ax.set_title(title)
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()
-    path = plots / "vidd_reward_vs_kl.png"
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path

@@ -54,7 +54,7 @@ def evaluate_through_pool(pool, scfg: dict, weights_key: str, role: str, n: int,
     sequences = [s for r in results for s in r["sequences"]]
     nll = nelbo(pretrained_model, torch.as_tensor(tokens), n_time_samples=nll_time_samples,
                 generator=torch.Generator().manual_seed(seed))
-    kl = {"kl": 0.0, "kl_se": 0.0}
+    kl = {"kl": 0.0, "kl_se": 0.0, "kl_rb": 0.0}
     if model is not None:
         kl = closeness(model, pretrained_model, np.concatenate([r["states"] for r in results], axis=1))
     metrics = {**reward_stats(rewards), "nll": float(nll.mean()), **kl, **set_metrics(task, sequences),
@@ -66,21 +66,18 @@ def evaluate_through_pool(pool, scfg: dict, weights_key: str, role: str, n: int,
 
 
 def closeness(model, pretrained_model, states: np.ndarray) -> dict[str, float]:
-    """The trajectory KL's mean over the samples and its standard error (nats), ``states`` ``[T + 1, n, L]`` drawn
-    from ``model``; the sampler's log-linear schedule is the estimator's default."""
+    """``algos.vidd.closeness.trajectory_kl_summary`` of ``states`` ``[T + 1, n, L]``, drawn from ``model`` by a pool
+    worker, which samples in eval mode: so is the local copy here, then put back as it was. The sampler's log-linear
+    schedule is the estimator's default."""
     import torch
 
-    from algos.vidd.closeness import trajectory_kl
+    from algos.vidd.closeness import trajectory_kl_summary
     was_training = model.training
     model.eval()
     try:
-        with torch.no_grad():
-            per_sample = trajectory_kl(model, pretrained_model, torch.as_tensor(states.astype(np.int64)))["unmasked"]
+        return trajectory_kl_summary(model, pretrained_model, torch.as_tensor(states.astype(np.int64)))
     finally:
         model.train(was_training)
-    n = per_sample.numel()
-    se = float(per_sample.std() / n ** 0.5) if n > 1 else float("nan")
-    return {"kl": float(per_sample.mean()), "kl_se": se}
 
 
 def vidd_transitions(pool, scfg: dict, weights_key: str, cfg, n: int, budget: int, seed: int, n_requests: int,

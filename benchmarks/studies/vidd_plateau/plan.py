@@ -176,8 +176,18 @@ def base_grid(method: str) -> tuple[tuple[float, ...], tuple[float, ...]]:
     return LR_GRID[1:4], KNOB_GRIDS[method][1:4]
 
 
+def cell_key(lr: float, knob: float) -> str:
+    """A tuning cell's name in the gates' records (``lr0.001-k0.03``); :func:`cell_of` reads it back."""
+    return f"lr{name_of(lr)}-k{name_of(knob)}"
+
+
+def cell_of(key: str) -> tuple[float, float]:
+    lr, knob = key.removeprefix("lr").split("-k", 1)
+    return float(lr), float(knob)
+
+
 def tune_name(method: str, lr: float, knob: float, seed: int) -> str:
-    return f"tune-{method}-lr{name_of(lr)}-k{name_of(knob)}-s{seed}"
+    return f"tune-{method}-{cell_key(lr, knob)}-s{seed}"
 
 
 def extension_sides(records_dir: Path) -> list[tuple[str, str]]:

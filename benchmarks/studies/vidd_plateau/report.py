@@ -110,11 +110,11 @@ def _tuning_section(by_unit: dict) -> list[str]:
 
 
 def _best_interior(choice: dict) -> str:
-    """The best cell that reached kappa and sits on no edge of the grid the choice came from, and the choice's lead."""
-    cells = {tuple(float(x) for x in k[2:].split("-k", 1)): v for k, v in choice["scores"].items()}
+    """The best cell that reached kappa and sits on no edge (the tuning rule's, rules.edge_sides) of the grid the
+    choice came from, and the choice's lead."""
+    cells = {plan.cell_of(k): v for k, v in choice["scores"].items()}
     lrs, knobs = sorted({c[0] for c in cells}), sorted({c[1] for c in cells})
-    inner = {c: v for c, v in cells.items() if v["reaches"] and c[0] not in (lrs[0], lrs[-1])
-             and c[1] not in (knobs[0], knobs[-1])}
+    inner = {c: v for c, v in cells.items() if v["reaches"] and not rules.edge_sides(c, lrs, knobs)}
     if not inner:
         return "-"
     (lr, knob), best = max(inner.items(), key=lambda kv: kv[1]["score"])

@@ -57,14 +57,12 @@ def evaluate(task, model, seed: int, stream: int, n: int) -> dict:
     """``n`` fresh samples of ``model`` with their trajectories: the task's scores plus the trajectory KL to p_pre."""
     import torch
 
-    from algos.vidd.closeness import trajectory_kl
+    from algos.vidd.closeness import trajectory_kl_summary
     from algos.vidd.sampling import sample
     gen = torch.Generator().manual_seed(EVAL_SEED_BASE + 1000 * stream + int(seed))
     drawn = sample(model, n, task.seq_len, task.T, gen, record_trajectory=True)
-    kl = trajectory_kl(model, task.pre, drawn.states)
     out = task.score(drawn.tokens)
-    out.update(kl=float(kl["unmasked"].mean()), kl_se=float(kl["unmasked"].std() / math.sqrt(n)),
-               kl_rb=float(kl["rao_blackwell"].mean()))
+    out.update(trajectory_kl_summary(model, task.pre, drawn.states))
     return out
 
 
@@ -110,7 +108,7 @@ def tuning_choice(method: str, records: dict, extended: bool = True) -> dict:
     knobs = sorted({c[1] for c in scores})
     return {"from": source, "lr": lr, "knob": knob, "reached_kappa": reached, "kappa": kappa,
             "edges": rules.edge_sides((lr, knob), lrs, knobs), "extended": sides,
-            "scores": {f"lr{plan.name_of(c[0])}-k{plan.name_of(c[1])}": s for c, s in scores.items()}}
+            "scores": {plan.cell_key(*c): s for c, s in scores.items()}}
 
 
 def _posthoc_grid_choice(method: str, records: dict) -> dict:
@@ -126,9 +124,9 @@ def _posthoc_grid_choice(method: str, records: dict) -> dict:
     return {"from": method, "lr": lr, "knob": knob, "reached_kappa": reached, "kappa": kappa, "posthoc": True,
             "edges": rules.edge_sides((lr, knob), lrs, knobs), "extended": declared["extended"],
             "posthoc_sides": edges, "declared": {"lr": declared["lr"], "knob": declared["knob"]},
-            "posthoc_cells": [f"lr{plan.name_of(c[0])}-k{plan.name_of(c[1])}" for c in added],
+            "posthoc_cells": [plan.cell_key(*c) for c in added],
             "moved": (lr, knob) != (declared["lr"], declared["knob"]),
-            "scores": {f"lr{plan.name_of(c[0])}-k{plan.name_of(c[1])}": s for c, s in scores.items()}}
+            "scores": {plan.cell_key(*c): s for c, s in scores.items()}}
 
 
 def posthoc_choice(method: str, records: dict) -> dict:
